@@ -254,10 +254,8 @@ class _HeadOfStack(nn.Module):
         super().__init__()
         self.inner, self.n, self.config = model, n, copy.copy(model.config)
         self.config.num_hidden_layers = n
-        self.forward = self._forward
-        self.forward.__signature__ = inspect.signature(model.forward)
 
-    def _forward(self, **kwargs):
+    def forward(self, **kwargs):
         out = self.inner(**kwargs)
         out.hidden_states = out.hidden_states[: self.n + 1]
         if out.attentions is not None:
@@ -283,6 +281,8 @@ def _truncated(self, n: int) -> "Encoder":
         small.config.num_hidden_layers = n
         if hasattr(small.config, "layer_types") and small.config.layer_types is not None:
             small.config.layer_types = small.config.layer_types[:n]
-    return Encoder(small, self.tokenizer, self.pooling, self.max_length)
+    out = Encoder(small, self.tokenizer, self.pooling, self.max_length)
+    out._accepted = self._accepted   # same inputs as the full model (the fallback's forward takes **kwargs)
+    return out
 
 Encoder.truncated = _truncated

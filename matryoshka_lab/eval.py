@@ -18,9 +18,9 @@ from .core import parse_dims, parse_layers
 from .data import (ClassificationData, HierarchyData, PairData, STSData, Task, load_task)
 
 # %% auto #0
-__all__ = ['MAIN_METRIC', 'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'sts_grid', 'best_threshold_accuracy',
-           'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'main_metric', 'task_texts', 'score_task',
-           'evaluate', 'grid_table', 'headline', 'plot_grid', 'save_heatmaps']
+__all__ = ['COS_DECIMALS', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine', 'prefix_normalize', 'spearman_columns',
+           'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid',
+           'knn_grid', 'main_metric', 'task_texts', 'score_task', 'evaluate']
 
 # %% ../nbs/03_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -47,9 +47,15 @@ def spearman_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     denom = np.sqrt((rx ** 2).sum(0) * (ry ** 2).sum(0))
     return (rx * ry).sum(0) / np.where(denom > 0, denom, np.inf)
 
+COS_DECIMALS = 9  # float32 embeddings carry ~7 significant digits: cosines equal to 1e-9 are ties, not a ranking
+
+def pair_cosines(e1: torch.Tensor, e2: torch.Tensor, dims: list[int]) -> np.ndarray:
+    "Prefix cosines of paired rows e1, e2 [N, D] -> [N, K], rounded so that float noise cannot break ties."
+    return prefix_cosine(e1, e2, dims).numpy().round(COS_DECIMALS)
+
 def sts_grid(e1: torch.Tensor, e2: torch.Tensor, score: np.ndarray, dims: list[int]) -> np.ndarray:
     "Spearman x100 of prefix cosine vs gold score for e1, e2 [L, N, D] -> [L, K]."
-    return np.stack([100 * spearman_columns(prefix_cosine(e1[l], e2[l], dims).numpy(), np.asarray(score))
+    return np.stack([100 * spearman_columns(pair_cosines(e1[l], e2[l], dims), np.asarray(score))
                      for l in range(e1.shape[0])])
 
 # %% ../nbs/03_eval.ipynb #03c012
@@ -70,7 +76,7 @@ def pair_grid(e1: torch.Tensor, e2: torch.Tensor, label: np.ndarray, dims: list[
     acc = np.zeros((e1.shape[0], len(dims)))
     ap = np.zeros_like(acc)
     for l in range(e1.shape[0]):
-        cos = prefix_cosine(e1[l], e2[l], dims).numpy()
+        cos = pair_cosines(e1[l], e2[l], dims)
         for k in range(len(dims)):
             acc[l, k] = 100 * best_threshold_accuracy(cos[:, k], label)
             ap[l, k] = 100 * average_precision_score(label, cos[:, k])
@@ -221,64 +227,6 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     return df
 
 # %% ../nbs/03_eval.ipynb #03c027
-def grid_table(df: pd.DataFrame, task: str, metric: str) -> pd.DataFrame:
-    "One task's metric as a layer x dim table (rows: layers, columns: dims)."
-    sel = df[(df.task == task) & (df.metric == metric)]
-    if sel.empty:
-        raise ValueError(f"no rows for task {task!r} and metric {metric!r}; have: "
-                         f"{sorted(set(zip(df.task, df.metric)))}")
-    return sel.pivot(index="layer", columns="dim", values="value").sort_index()
-
-def headline(df: pd.DataFrame) -> list[tuple[str, str]]:
-    "(task, metric) pairs to show first: each task's headline metric."
-    out = []
-    for task in dict.fromkeys(df.task):
-        metrics = list(dict.fromkeys(df[df.task == task].metric))
-        pick = next((m for m in ("spearman", "accuracy", "ap") if m in metrics), None)
-        pick = pick or next((m for m in reversed(metrics) if m.startswith("knn_acc_")), metrics[0])
-        out.append((task, pick))
-    return out
-
-def plot_grid(df: pd.DataFrame, task: str, metric: str):
-    "Plotly heatmap of one task's metric over layers (y) and prefix dims (x)."
-    import plotly.graph_objects as go
-    tab = grid_table(df, task, metric)
-    fig = go.Figure(go.Heatmap(z=tab.values, x=[str(c) for c in tab.columns], y=[str(i) for i in tab.index],
-                               colorscale="Viridis", text=np.round(tab.values, 1), texttemplate="%{text}",
-                               colorbar=dict(title=metric)))
-    fig.update_layout(title=f"{task}: {metric}", xaxis_title="prefix dim d", yaxis_title="layer", height=380, width=560)
-    return fig
-
-# %% ../nbs/03_eval.ipynb #03c028
-def save_heatmaps(df: pd.DataFrame, path_stem: str | Path, pairs: list[tuple[str, str]] | None = None) -> list[Path]:
-    "Write the heatmaps of `pairs` (default: headline metrics) to PATH_STEM.html (interactive) and PATH_STEM.png."
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    pairs = pairs or headline(df)
-    stem = Path(path_stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    parts = [plot_grid(df, t, m).to_html(full_html=False, include_plotlyjs=(i == 0)) for i, (t, m) in enumerate(pairs)]
-    html = stem.with_suffix(".html")
-    html.write_text("<html><head><meta charset='utf-8'><title>matryoshka_lab grid</title></head><body>"
-                    + "\n".join(parts) + "</body></html>", encoding="utf-8")
-    cols = min(3, len(pairs))
-    rows = -(-len(pairs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
-    for ax, (t, m) in zip(axes.flat, pairs):
-        tab = grid_table(df, t, m)
-        im = ax.imshow(tab.values, aspect="auto", origin="lower", cmap="viridis")
-        ax.set_xticks(range(tab.shape[1]), [str(c) for c in tab.columns])
-        ax.set_yticks(range(tab.shape[0]), [str(i) for i in tab.index])
-        for (i, j), v in np.ndenumerate(tab.values):
-            ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7,
-                    color="white" if v < np.nanmean(tab.values) else "black")
-        ax.set(title=f"{t}: {m}", xlabel="prefix dim d", ylabel="layer")
-        fig.colorbar(im, ax=ax, shrink=0.8)
-    for ax in list(axes.flat)[len(pairs):]:
-        ax.axis("off")
-    fig.tight_layout()
-    png = stem.with_suffix(".png")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return [html, png]
+MTEB_ALL_MINILM_L6_V2 = {("stsb", "spearman"): 82.03, ("sickr", "spearman"): 77.58, ("sts12", "spearman"): 72.37,
+                         ("sts13", "spearman"): 80.60, ("sts14", "spearman"): 75.59, ("sts15", "spearman"): 85.39,
+                         ("sts16", "spearman"): 78.99, ("banking77", "accuracy"): 80.04}

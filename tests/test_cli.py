@@ -1,0 +1,69 @@
+"""The matryoshka-lab command, run as a user would: in a subprocess."""
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+
+def run(*args, env=None, timeout=600):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(["matryoshka-lab", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def test_eval_writes_tidy_csv_and_plots(tiny_model_dir, tmp_path):
+    out = tmp_path / "grid.csv"
+    res = run("eval", "--model", str(tiny_model_dir), "--tasks", "builtin_sts,builtin_intents", "--layers", "all",
+              "--dims", "8,16,32", "--out", str(out), "--plot", "--no-progress")
+    assert res.returncode == 0, res.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert list(df.columns) == ["task", "layer", "dim", "metric", "value"]
+    assert sorted(df.layer.unique()) == [0, 1, 2, 3] and sorted(df.dim.unique()) == [8, 16, 32]
+    metrics = set(df[df.task == "builtin_intents"].metric)
+    assert metrics == {f"{m}_{lvl}" for m in ("knn_acc", "recall@1", "recall@10") for lvl in ("domain", "intent")}
+    assert len(df) == 4 * 3 * (1 + 6)
+    assert (tmp_path / "grid.html").stat().st_size > 10_000 and (tmp_path / "grid.png").stat().st_size > 10_000
+
+
+def test_eval_on_shared_data(tiny_model_dir, tmp_path, data_dir):
+    out = tmp_path / "trec.csv"
+    res = run("eval", "--model", str(tiny_model_dir), "--data-dir", str(data_dir), "--tasks", "trec,mrpc",
+              "--layers", "-1", "--dims", "32", "--out", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr[-3000:]
+    df = pd.read_csv(out)
+    assert {"knn_acc_coarse", "knn_acc_fine", "accuracy", "ap"} <= set(df.metric)
+    assert df.layer.unique().tolist() == [3]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "9"], "error: layer 9 is out of range: the model has 3 layers (valid: 0..3, or -1 for the last)"),
+    (["--dims", "64"], "error: dim 64 exceeds the model's hidden size 32"),
+    (["--tasks", "nope"], "error: unknown task 'nope'; known tasks:"),
+])
+def test_eval_argument_errors(tiny_model_dir, tmp_path, args, message):
+    base = {"--tasks": "builtin_sts", "--layers": "all", "--dims": "8"}
+    base.update(dict(zip(args[::2], args[1::2])))
+    flat = [x for kv in base.items() for x in kv]
+    res = run("eval", "--model", str(tiny_model_dir), *flat, "--out", str(tmp_path / "x.csv"), "--no-progress")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(message)
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_eval_unknown_model_offline(tmp_path):
+    res = run("eval", "--model", "someone/missing-model", "--tasks", "builtin_sts", "--out", str(tmp_path / "x.csv"),
+              env={"HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 2
+    assert "error: model 'someone/missing-model' is not a local folder" in res.stderr
+
+
+def test_demo_falls_back_to_builtin_corpus(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "MATRYOSHKA_LAB_DATA": ""}
+    res = run("demo", "--out", str(tmp_path / "demo"), "--no-progress", env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "built-in generated corpus" in res.stdout and "not a benchmark" in res.stdout
+    assert "builtin_sts: spearman" in res.stdout
+    for name in ("grid.csv", "grid.html", "grid.png"):
+        assert (tmp_path / "demo" / name).stat().st_size > 0

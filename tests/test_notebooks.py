@@ -1,0 +1,41 @@
+"""The notebooks are the source: each runs top to bottom (nbdev_test), and exporting them changes nothing."""
+import filecmp
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, shared_data_dir
+
+NOTEBOOKS = sorted(p.name for p in (ROOT / "nbs").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_notebook_runs(nb):
+    env = dict(os.environ)
+    data = shared_data_dir()
+    if data is not None:
+        env.setdefault("MATRYOSHKA_LAB_DATA", str(data))
+    res = subprocess.run(["nbdev_test", "--path", f"nbs/{nb}", "--do_print"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900, env=env)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+
+
+def _diff(a: Path, b: Path) -> list[str]:
+    cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])
+    out = [f"only in one: {x}" for x in cmp.left_only + cmp.right_only] + [f"differs: {x}" for x in cmp.diff_files]
+    for sub in cmp.common_dirs:
+        out += _diff(a / sub, b / sub)
+    return out
+
+
+def test_library_matches_notebooks(tmp_path):
+    for item in ("settings.ini", "nbs", "matryoshka_lab"):
+        src = ROOT / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
+    res = subprocess.run(["nbdev_export"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert _diff(ROOT / "matryoshka_lab", tmp_path / "matryoshka_lab") == [], \
+        "matryoshka_lab/ differs from what nbdev_export writes: edit the notebooks, run nbdev_export, commit both"
