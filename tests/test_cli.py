@@ -1,4 +1,5 @@
 """The matryoshka-lab command, run as a user would: in a subprocess."""
+import json
 import os
 import subprocess
 import sys
@@ -28,11 +29,12 @@ def test_eval_writes_tidy_csv_and_plots(tiny_model_dir, tmp_path):
 
 
 def test_eval_on_shared_data(tiny_model_dir, tmp_path, data_dir):
-    out = tmp_path / "trec.csv"
+    out = tmp_path / "trec.json"
     res = run("eval", "--model", str(tiny_model_dir), "--data-dir", str(data_dir), "--tasks", "trec,mrpc",
               "--layers", "-1", "--dims", "32", "--out", str(out), "--no-progress")
     assert res.returncode == 0, res.stderr[-3000:]
-    df = pd.read_csv(out)
+    df = pd.DataFrame(json.loads(out.read_text()))
+    assert list(df.columns) == ["task", "layer", "dim", "metric", "value"]
     assert {"knn_acc_coarse", "knn_acc_fine", "accuracy", "ap"} <= set(df.metric)
     assert df.layer.unique().tolist() == [3]
 
