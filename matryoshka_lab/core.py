@@ -62,21 +62,28 @@ def hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 # %% ../nbs/00_core.ipynb #00c015
-def parse_layers(spec: str | int | list[int] | tuple[int, ...] | None, num_layers: int) -> list[int]:
-    "Hidden-state indices in `0..num_layers` from `spec` ('all', '-1', '0,3,6', an int or a list); None means all."
+def _int_list(spec, what: str) -> list[int] | None:
+    "None for None/'all'; else the integers of a comma-separated string, an int or a sequence (non-empty)."
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
-        return list(range(num_layers + 1))
+        return None
     if isinstance(spec, str):
         try:
             items = [int(s) for s in spec.split(",") if s.strip()]
         except ValueError:
-            raise ValueError(f"layers must be 'all' or comma-separated integers, got {spec!r}") from None
+            raise ValueError(f"{what} must be 'all' or comma-separated integers, got {spec!r}") from None
     elif isinstance(spec, (int, np.integer)):
         items = [int(spec)]
     else:
         items = [int(s) for s in spec]
     if not items:
-        raise ValueError("layers is empty: give at least one layer, or 'all'")
+        raise ValueError(f"{what} is empty: give at least one, or 'all'")
+    return items
+
+def parse_layers(spec: str | int | list[int] | tuple[int, ...] | None, num_layers: int) -> list[int]:
+    "Hidden-state indices in `0..num_layers` from `spec` ('all', '-1', '0,3,6', an int or a list); None means all."
+    items = _int_list(spec, "layers")
+    if items is None:
+        return list(range(num_layers + 1))
     out = []
     for layer in items:
         absolute = num_layers if layer == -1 else layer
@@ -90,19 +97,9 @@ def parse_layers(spec: str | int | list[int] | tuple[int, ...] | None, num_layer
 # %% ../nbs/00_core.ipynb #00c017
 def parse_dims(spec: str | int | list[int] | tuple[int, ...] | None, hidden_size: int) -> list[int]:
     "Sorted prefix sizes in `1..hidden_size` from `spec` ('16,32,64', 'all' = powers of two and D, an int or a list)."
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
+    items = _int_list(spec, "dims")
+    if items is None:
         items = [2 ** i for i in range(3, 20) if 2 ** i < hidden_size] + [hidden_size]
-    elif isinstance(spec, str):
-        try:
-            items = [int(s) for s in spec.split(",") if s.strip()]
-        except ValueError:
-            raise ValueError(f"dims must be 'all' or comma-separated integers, got {spec!r}") from None
-    elif isinstance(spec, (int, np.integer)):
-        items = [int(spec)]
-    else:
-        items = [int(s) for s in spec]
-    if not items:
-        raise ValueError("dims is empty: give at least one prefix size, or 'all'")
     for d in items:
         if d < 1:
             raise ValueError(f"dim {d} must be at least 1")
