@@ -154,11 +154,12 @@ class TaskSpec:
 
 KINDS = ("sts", "pair", "classification", "hierarchy", "sentences")
 
-def _sts(name, folder, test, hub_path):
-    return TaskSpec(name, "sts", folder, test, hub=dict(path=hub_path, test="test"))
+def _sts(name, folder, test, hub_path, train=()):
+    hub = dict(path=hub_path, test="test", **({"train": "train"} if train else {}))
+    return TaskSpec(name, "sts", folder, test, train, hub=hub)
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in [
-    _sts("stsb", "sts/stsb", ("test.jsonl",), "mteb/stsbenchmark-sts"),
+    _sts("stsb", "sts/stsb", ("test.jsonl",), "mteb/stsbenchmark-sts", train=("train.jsonl",)),
     _sts("sickr", "sts/sickr", ("train.jsonl", "trial.jsonl", "test.jsonl"), "mteb/sickr-sts"),
     _sts("sts12", "sts/sts12", ("test.jsonl",), "mteb/sts12-sts"),
     _sts("sts13", "sts/sts13", ("test.jsonl",), "mteb/sts13-sts"),
