@@ -85,12 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="embedded", help="model (default: embedded)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = sub.add_parser("eval", help="evaluate a model at every (layer, dim) cell; write a tidy CSV")
-    e.add_argument("--model", default="embedded", help="embedded, a model folder, a run directory or a Hub id")
+    e.add_argument("run_dir", nargs="?", default=None, help="a run directory: its model, eval tasks and dims")
+    e.add_argument("--model", default=None, help="embedded (default), a model folder, a run directory or a Hub id")
     e.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
-    e.add_argument("--tasks", required=True, help="comma-separated task names (see `matryoshka-lab tasks`)")
-    e.add_argument("--layers", default="all", help="hidden states: 'all', '-1' or e.g. '0,3,6' (default: all)")
-    e.add_argument("--dims", default="all", help="prefix dims, e.g. '16,32,64' (default: powers of two and D)")
-    e.add_argument("--out", required=True, help="file to write: .csv (columns task,layer,dim,metric,value) or .json")
+    e.add_argument("--tasks", default=None, help="comma-separated task names (see `matryoshka-lab tasks`)")
+    e.add_argument("--layers", default=None, help="hidden states: 'all', '-1' or e.g. '0,3,6' (default: all)")
+    e.add_argument("--dims", default=None, help="prefix dims, e.g. '16,32,64' (default: powers of two and D)")
+    e.add_argument("--out", default=None, help="file to write: .csv (columns task,layer,dim,metric,value) or .json")
     e.add_argument("--protocol", default="mteb", choices=["mteb", "full", "both"],
                    help="classification protocol (default: mteb)")
     e.add_argument("--pooling", default=None, choices=["mean", "cls", "last"], help="default: the model's own")
@@ -98,13 +99,39 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t = sub.add_parser("train", help="train from a YAML config (configs/*.yaml); resumes a run directory's checkpoint")
+    t.add_argument("config", help="YAML file with TrainConfig fields")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field (repeatable), e.g. --set max_steps=50")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("tasks", help="list the task names")
     return p
 
 # %% ../nbs/05_cli.ipynb #05c010
+def _eval_defaults(args) -> None:
+    "Fill eval arguments from a run directory's config.json (model, tasks, layers, dims, data dir, output)."
+    if args.run_dir is None:
+        args.model = args.model or "embedded"
+        if not args.tasks or not args.out:
+            raise ValueError("eval needs --tasks and --out (or a run directory: matryoshka-lab eval RUN_DIR)")
+    else:
+        from matryoshka_lab.runs import read_run
+        cfg = read_run(args.run_dir).config
+        if not cfg:
+            raise ValueError(f"{args.run_dir!r} has no config.json: give a run directory, or --model/--tasks/--out")
+        args.model = args.model or args.run_dir
+        args.tasks = args.tasks or ",".join(cfg.get("eval_tasks") or ["stsb"])
+        args.layers = args.layers or cfg.get("eval_layers")
+        args.dims = args.dims or cfg.get("eval_dims") or ",".join(map(str, cfg.get("dims") or [])) or None
+        args.data_dir = args.data_dir or cfg.get("data_dir")
+        args.out = args.out or str(Path(args.run_dir) / "grid.csv")
+    args.layers = args.layers or "all"
+    args.dims = args.dims or "all"
+
 def _eval(args) -> None:
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
+    _eval_defaults(args)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length)
     df = evaluate(enc, tasks, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
@@ -121,6 +148,22 @@ def _eval(args) -> None:
         save_heatmaps(df, out.with_suffix(""))
     print(f"\nWrote {len(df)} rows to {out}")
 
+def _train(args) -> None:
+    from matryoshka_lab.trainer import Trainer, load_config
+    cfg = load_config(args.config, args.overrides)
+    print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}, {cfg.max_steps} steps -> {cfg.run_dir}")
+    trainer = Trainer(cfg, progress=not args.no_progress).fit()
+    from matryoshka_lab.runs import read_run
+    run = read_run(cfg.run_dir)
+    loss = run.metrics[(run.metrics.split == "train") & (run.metrics.name == "loss")]
+    if len(loss):
+        print(f"loss: first {loss.value.iloc[0]:.4f}, last {loss.value.iloc[-1]:.4f} (step {int(loss.step.iloc[-1])})")
+    grid = Path(cfg.run_dir) / "grid.csv"
+    if grid.is_file():
+        import pandas as pd
+        _print_tables(pd.read_csv(grid))
+    print(f"\nRun directory: {cfg.run_dir} (model/ is loadable by matryoshka-lab eval and sentence-transformers)")
+
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `matryoshka-lab` console script."
     args = build_parser().parse_args(argv)
@@ -129,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
             run_demo(args.data_dir, args.out, args.model, progress=not args.no_progress)
         elif args.command == "eval":
             _eval(args)
+        elif args.command == "train":
+            _train(args)
         elif args.command == "tasks":
             from matryoshka_lab.data import TASKS
             for t in TASKS.values():
                 print(f"{t.name:20s} {t.kind}")
-    except ValueError as err:  # bad arguments or data: one clear line, no traceback
+    except (ValueError, FloatingPointError) as err:  # bad arguments, data or a diverged run: one clear line
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -38,19 +38,24 @@ def embedded_model_path() -> Path:
 class ModelNotAvailableError(ValueError):
     "A model name that is neither a local folder nor loadable from the Hub (offline, or no such id)."
 
+def _is_model_folder(folder: Path) -> bool:
+    "A Hugging Face model folder: its config.json names a model_type (a run directory's config.json does not)."
+    try:
+        return "model_type" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
 def resolve_model(name: str | Path = EMBEDDED) -> str:
     "A local folder or Hub id for `name`: 'embedded' -> the packaged folder; a run directory -> its exported model."
     if str(name) == EMBEDDED:
         return str(embedded_model_path())
     path = Path(name).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return str(path)
-        for sub in ("model", "export"):  # a run directory keeps its exported model in one of these
-            if (path / sub / "config.json").is_file():
-                return str(path / sub)
-        raise ModelNotAvailableError(f"{str(path)!r} is a folder but holds no Hugging Face model (no config.json in it, "
-                                     "nor in model/ or export/)")
+        for folder in (path, path / "model", path / "export"):  # a run directory keeps its exported model in model/
+            if _is_model_folder(folder):
+                return str(folder)
+        raise ModelNotAvailableError(f"{str(path)!r} is a folder but holds no Hugging Face model (no config.json with a "
+                                     "model_type in it, nor in model/ or export/)")
     if str(name).startswith((".", "/", "~")):  # a path, not a Hub id (ids look like 'org/name' or 'name-v1.5')
         raise ModelNotAvailableError(f"model folder {str(path)!r} does not exist")
     return str(name)

@@ -1,0 +1,119 @@
+"""Trainer: CLI runs of every method, crash and resume with identical losses, a diverging loss, config mistakes."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT
+from matryoshka_lab.runs import read_run
+from matryoshka_lab.trainer import (Callback, CheckpointCallback, Trainer, TrainData, latest_checkpoint, load_config,
+                                    make_config)
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def train_cmd(config, run_dir, *sets):
+    return ["matryoshka-lab", "train", str(config), "--no-progress", "--set", f"run_dir={run_dir}", *sum((["--set", s] for s in sets), [])]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_trains_through_the_cli(config, tiny_model_dir, tmp_path):
+    load_config(config)   # the shipped file itself is valid
+    sets = [f"model={tiny_model_dir}", "max_steps=3", "batch_size=8", "checkpoint_every=2", "eval_tasks=[builtin_sts]",
+            "dims=[8,16,32]", "compression_size=16"]
+    if "angle" in config.stem:
+        sets.append("train_task=builtin_sts")
+    else:
+        sets.append("train_task=builtin_intents")
+    res = subprocess.run(train_cmd(config, tmp_path / "run", *sets), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = read_run(tmp_path / "run")
+    assert sorted(run.metrics[run.metrics.name == "loss"].step) == [1, 2, 3]
+    assert run.config["method"] == load_config(config).method
+    assert (tmp_path / "run" / "grid.csv").is_file() and "builtin_sts: spearman" in res.stdout
+    assert any(n.startswith("builtin_sts/L3/d32/") for n in run.metrics[run.metrics.split == "eval"].name)
+    # the exported model evaluates like any model folder, and `eval RUN_DIR` picks the run's own settings
+    res = subprocess.run(["matryoshka-lab", "eval", str(tmp_path / "run"), "--no-progress"], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def losses(run_dir):
+    m = read_run(run_dir).metrics
+    return m[(m.split == "train") & (m.name == "loss")].set_index("step").value
+
+
+def test_killed_run_resumes_with_the_same_losses(tmp_path):
+    "SIGKILL mid-run, start again: it resumes from the last checkpoint and every later loss equals the uninterrupted run."
+    sets = ["train_task=builtin_intents", "max_steps=12", "batch_size=16", "checkpoint_every=4", "eval_every=-1",
+            "max_length=24", "method=2dmse", "dims=[32,128]"]
+    config = ROOT / "configs" / "2dmse.yaml"
+    ref = subprocess.run(train_cmd(config, tmp_path / "ref", *sets), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    run_dir = tmp_path / "crash"
+    proc = subprocess.Popen(train_cmd(config, run_dir, *sets), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:   # a second process reading the live run directory
+        seen = losses(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+        if len(seen) >= 6:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None and int(ckpt.name.split("_")[1]) in (4, 8)
+
+    res = subprocess.run(train_cmd(config, run_dir, *sets), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    a, b = losses(tmp_path / "ref"), losses(run_dir)
+    assert list(b.index) == list(range(1, 13))
+    torch.testing.assert_close(torch.tensor(b.values), torch.tensor(a.values), rtol=0, atol=1e-6)
+
+
+class Poison(Callback):
+    "Fault injection: turn the loss into NaN at one step."
+    def __init__(self, step):
+        self.at = step
+    def after_loss(self, trainer):
+        if trainer.step == self.at:
+            trainer.out.total = trainer.out.total * float("nan")
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tiny_encoder, tmp_path):
+    cfg = make_config({"run_dir": str(tmp_path), "max_steps": 5, "batch_size": 4, "dims": [8, 32], "eval_every": -1})
+    data = TrainData([f"sentence number {i}" for i in range(40)])
+    trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, callbacks=[CheckpointCallback(2), Poison(3)],
+                      progress=False)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 3 .* the last checkpoint is untouched"):
+        trainer.fit()
+    assert latest_checkpoint(tmp_path).name == "step_0000002"
+    assert sorted(losses(tmp_path).index) == [1, 2]
+
+
+def test_resume_refuses_a_different_config(tiny_encoder, tmp_path):
+    data = TrainData([f"sentence number {i}" for i in range(40)])
+    base = {"run_dir": str(tmp_path), "max_steps": 2, "batch_size": 4, "dims": [8, 32], "eval_every": -1}
+    Trainer(make_config(base), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
+    with pytest.raises(ValueError, match="holds a run with a different config \\(lr\\)"):
+        Trainer(make_config({**base, "lr": 1e-3}), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
+
+
+def test_config_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: mrl\nbatchsize: 3\n")
+    with pytest.raises(ValueError, match="unknown config key 'batchsize'"):
+        load_config(bad)
+    res = subprocess.run(["matryoshka-lab", "train", str(bad)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("error: unknown config key 'batchsize'")
+    with pytest.raises(ValueError, match="batch_size must be at least 2"):
+        make_config({"batch_size": 1})
+    with pytest.raises(ValueError, match="objective 'cosent' needs scored pairs"):
+        from matryoshka_lab.trainer import training_data
+        training_data(make_config({"objective": "cosent", "train_task": "builtin_intents"}))
