@@ -160,6 +160,7 @@ def _sts(name, folder, test, hub_path, train=()):
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     _sts("stsb", "sts/stsb", ("test.jsonl",), "mteb/stsbenchmark-sts", train=("train.jsonl",)),
+    TaskSpec("stsb_dev", "sts", "sts/stsb", ("dev.jsonl",), hub=dict(path="mteb/stsbenchmark-sts", test="validation")),
     _sts("sickr", "sts/sickr", ("train.jsonl", "trial.jsonl", "test.jsonl"), "mteb/sickr-sts"),
     _sts("sts12", "sts/sts12", ("test.jsonl",), "mteb/sts12-sts"),
     _sts("sts13", "sts/sts13", ("test.jsonl",), "mteb/sts13-sts"),

@@ -26,9 +26,9 @@ from .losses import ESE, MRL, TwoDMSE, get_objective
 from .runs import RunLog
 
 # %% auto #0
-__all__ = ['METHODS', 'PAIR_OBJECTIVES', 'TrainConfig', 'make_config', 'load_config', 'TrainData', 'training_data', 'make_loss',
-           'save_checkpoint', 'latest_checkpoint', 'load_checkpoint', 'export_model', 'CancelFit', 'Callback',
-           'EvalCallback', 'CheckpointCallback', 'Trainer']
+__all__ = ['METHODS', 'PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'TrainData',
+           'training_data', 'make_loss', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint', 'export_model',
+           'CancelFit', 'Callback', 'EvalCallback', 'CheckpointCallback', 'Trainer']
 
 # %% ../nbs/08_trainer.ipynb #08c006
 METHODS = ("base", "mrl", "2dmse", "ese")
@@ -64,7 +64,7 @@ class TrainConfig:
     checkpoint_every: int = 50                # steps between checkpoints (0: only at the end)
     keep_checkpoints: int = 2
     eval_every: int = 0                       # steps between evaluations (0: only at the end; -1: never)
-    eval_tasks: tuple = ("stsb",)
+    eval_tasks: tuple = ("stsb_dev",)            # evaluated every eval_every steps and at the end
     eval_layers: str = "all"
     eval_dims: str | None = None              # default: dims
     device: str | None = None                 # default: CUDA when present
@@ -286,8 +286,7 @@ class CheckpointCallback(Callback):
         if self.every > 0 and trainer.step % self.every == 0:
             self._save(trainer)
     def after_fit(self, trainer):
-        if latest_checkpoint(trainer.config.run_dir) is None or not (
-                Path(trainer.config.run_dir) / "checkpoints" / f"step_{trainer.step:07d}").is_dir():
+        if not (Path(trainer.config.run_dir) / "checkpoints" / f"step_{trainer.step:07d}").is_dir():
             self._save(trainer)
 
 # %% ../nbs/08_trainer.ipynb #08c020
@@ -358,6 +357,9 @@ def _train_step(self) -> dict:
 Trainer.train_step = _train_step
 
 # %% ../nbs/08_trainer.ipynb #08c023
+RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
+                     "eval_layers", "eval_dims", "device")   # what may differ when a run is resumed
+
 def _fit(self, resume: bool = True) -> "Trainer":
     "Train to cfg.max_steps, resuming from the run directory's latest checkpoint when there is one."
     cfg = self.config
@@ -365,8 +367,8 @@ def _fit(self, resume: bool = True) -> "Trainer":
     ckpt = latest_checkpoint(run_dir) if resume else None
     if ckpt is not None:
         saved = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
-        changed = {k for k in saved if k not in ("max_steps", "eval_every", "checkpoint_every", "device")
-                   and saved[k] != json.loads(json.dumps(cfg.to_dict(), default=str)).get(k)}
+        current = json.loads(json.dumps(cfg.to_dict(), default=str))
+        changed = {k for k in saved if k not in RESUMABLE_CHANGES and saved[k] != current.get(k)}
         if changed:
             raise ValueError(f"run directory {str(run_dir)!r} holds a run with a different config ({', '.join(sorted(changed))}); "
                              "use another run_dir, or the same config to resume")

@@ -9,7 +9,7 @@ from matryoshka_lab.data import (TASKS, ClassificationData, HierarchyData, PairD
                                  load_task, read_table, sts_from_frame)
 
 # Rows per evaluated / training split, from shared/data's README files (SICK-R: train + trial + test, as MTEB).
-EXPECTED = {"stsb": (1379, 5749), "sickr": (9927, 0), "sts12": (3108, 0), "sts13": (1500, 0), "sts14": (3750, 0),
+EXPECTED = {"stsb": (1379, 5749), "stsb_dev": (1500, 0), "sickr": (9927, 0), "sts12": (3108, 0), "sts13": (1500, 0), "sts14": (3750, 0),
             "sts15": (3000, 0), "sts16": (1186, 0), "banking77": (3080, 10003), "emotion": (2000, 16000),
             "tweeteval_emotion": (1421, 3257), "tweeteval_sentiment": (12284, 2000), "mrpc": (1725, 4076),
             "clinc150": (4500, 15000), "trec": (500, 5452), "20newsgroups": (7532, 11314), "wos": (211, 789),

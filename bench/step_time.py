@@ -1,0 +1,111 @@
+"""Training-step time of the Matryoshka losses, measured side by side in one run.
+
+    python bench/step_time.py [--model embedded] [--batch-size 32] [--max-length 32] [--rounds 12]
+
+One step = encode both sides of a batch of (anchor, positive) pairs, the loss, backward, an AdamW step, on one fixed
+batch shape. Every round times one step of each setup in turn (the order rotates), so the machine's drift hits all
+alike; each setup's figure is its median over rounds. Setups:
+  base        ours, InfoNCE on the full embedding (no Matryoshka)
+  mrl         ours, MRL over dims 16..384 (InfoNCE on every prefix of the one embedding)
+  2dmse       ours, 2DMSE (last + one sampled layer, full + one sampled prefix, KL alignment)
+  st_mrl      sentence-transformers MatryoshkaLoss(MultipleNegativesRankingLoss) over the same dims
+  st_2d       sentence-transformers Matryoshka2dLoss(MultipleNegativesRankingLoss), one layer and one dim per step
+The last line is one JSON object with the ratios (mrl_over_base, 2dmse_over_mrl, mrl_over_st_matryoshka,
+2dmse_over_st_matryoshka2d) and the medians in seconds.
+"""
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+from matryoshka_lab.data import load_task
+from matryoshka_lab.encoder import Encoder, embedded_model_path, resolve_model
+from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
+
+DIMS = [16, 32, 64, 128, 256, 384]
+
+
+def ours(enc, loss, batch_a, batch_b, opt, gen):
+    def step():
+        opt.zero_grad(set_to_none=True)
+        a, b = enc(**batch_a).pooled, enc(**batch_b).pooled
+        loss(a, b, None, generator=gen).total.backward()
+        opt.step()
+    return step
+
+
+def st_step(model, loss, feats, opt):
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss(feats, None).backward()
+        opt.step()
+    return step
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=12)
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import losses as st_losses
+
+    try:
+        pairs = load_task("stsb", args.data_dir).train
+        text_a, text_b = pairs.sentence1[: args.batch_size], pairs.sentence2[: args.batch_size]
+    except ValueError:
+        pairs = load_task("builtin_sts").train
+        text_a, text_b = pairs.sentence1[: args.batch_size], pairs.sentence2[: args.batch_size]
+
+    torch.manual_seed(0)
+    enc = Encoder.from_pretrained(args.model, max_length=args.max_length).train()
+    dims = [d for d in DIMS if d <= enc.hidden_size]
+    ba, bb = enc.tokenize(text_a, args.max_length), enc.tokenize(text_b, args.max_length)
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(enc.parameters(), lr=0.0)   # lr 0: every step does the same work on the same weights
+    setups = {"base": ours(enc, MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
+              "mrl": ours(enc, MRL(info_nce, dims=dims), ba, bb, opt, gen),
+              "2dmse": ours(enc, TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen)}
+
+    st = SentenceTransformer(resolve_model(args.model), device="cpu")
+    st.max_seq_length = args.max_length
+    st.train()
+    feats = [st.preprocess(text_a), st.preprocess(text_b)]
+    st_opt = torch.optim.AdamW(st.parameters(), lr=0.0)
+    mnrl = st_losses.MultipleNegativesRankingLoss(st)
+    setups["st_mrl"] = st_step(st, st_losses.MatryoshkaLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
+    setups["st_2d"] = st_step(st, st_losses.Matryoshka2dLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
+
+    names = list(setups)
+    for name in names:          # warm-up: allocator, threads, first-call overheads
+        setups[name]()
+    times = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            setups[name]()
+            times[name].append(time.perf_counter() - t0)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    for n in names:
+        print(f"{n:7s} median {med[n] * 1000:7.1f} ms/step  (min {min(times[n]) * 1000:.1f}, max {max(times[n]) * 1000:.1f})")
+    result = {"mrl_over_base": round(med["mrl"] / med["base"], 3),
+              "2dmse_over_mrl": round(med["2dmse"] / med["mrl"], 3),
+              "mrl_over_st_matryoshka": round(med["mrl"] / med["st_mrl"], 3),
+              "2dmse_over_st_matryoshka2d": round(med["2dmse"] / med["st_2d"], 3),
+              "batch_size": args.batch_size, "max_length": args.max_length, "rounds": args.rounds,
+              "median_seconds": {n: round(v, 4) for n, v in med.items()}}
+    print(f"MRL / base {result['mrl_over_base']}x (goal <= 1.10); 2DMSE / MRL {result['2dmse_over_mrl']}x (goal <= 1.15); "
+          f"ours / sentence-transformers: MRL {result['mrl_over_st_matryoshka']}x, 2D {result['2dmse_over_st_matryoshka2d']}x "
+          f"(goal <= 1)")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
