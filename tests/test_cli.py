@@ -69,3 +69,12 @@ def test_demo_falls_back_to_builtin_corpus(tmp_path):
     assert "builtin_sts: spearman" in res.stdout
     for name in ("grid.csv", "grid.html", "grid.png"):
         assert (tmp_path / "demo" / name).stat().st_size > 0
+
+
+def test_eval_without_tasks_or_run_dir_says_what_it_needs(tmp_path):
+    res = run("eval", "--no-progress")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == \
+        "error: eval needs --tasks and --out (or a run directory: matryoshka-lab eval RUN_DIR)"
+    res = run("eval", str(tmp_path), "--no-progress")
+    assert res.returncode == 2 and "has no config.json" in res.stderr
