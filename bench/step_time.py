@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from matryoshka_lab.data import load_task
-from matryoshka_lab.encoder import Encoder, embedded_model_path, resolve_model
+from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 
 DIMS = [16, 32, 64, 128, 256, 384]

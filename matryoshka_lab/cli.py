@@ -152,7 +152,7 @@ def _train(args) -> None:
     from matryoshka_lab.trainer import Trainer, load_config
     cfg = load_config(args.config, args.overrides)
     print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}, {cfg.max_steps} steps -> {cfg.run_dir}")
-    trainer = Trainer(cfg, progress=not args.no_progress).fit()
+    Trainer(cfg, progress=not args.no_progress).fit()
     from matryoshka_lab.runs import read_run
     run = read_run(cfg.run_dir)
     loss = run.metrics[(run.metrics.split == "train") & (run.metrics.name == "loss")]

@@ -5,7 +5,6 @@
 # %% ../nbs/02_data.ipynb #02c003
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import dataclass, field
 from pathlib import Path

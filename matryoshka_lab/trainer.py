@@ -10,8 +10,7 @@ import json
 import math
 import os
 import shutil
-import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from .core import parse_dims, resolve_device, seed_everything
-from .data import PairData, STSData, Sentences, load_task
+from .data import PairData, STSData, load_task
 from .encoder import Encoder
 from .losses import ESE, MRL, TwoDMSE, get_objective
 from .runs import RunLog

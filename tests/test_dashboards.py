@@ -7,7 +7,6 @@ import time
 import urllib.request
 
 import pandas as pd
-import pytest
 
 from conftest import ROOT
 

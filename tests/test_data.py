@@ -2,7 +2,6 @@
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from matryoshka_lab.data import (TASKS, ClassificationData, HierarchyData, PairData, STSData, Sentences, load_hub,

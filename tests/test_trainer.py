@@ -1,10 +1,7 @@
 """Trainer: CLI runs of every method, crash and resume with identical losses, a diverging loss, config mistakes."""
-import json
-import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
