@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (repeatable), e.g. --set max_steps=50")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t.add_argument("--nproc", type=int, default=1,
+                   help="processes on this machine via torchrun (default 1); batch_size stays the global batch")
     sub.add_parser("tasks", help="list the task names")
     return p
 
@@ -148,11 +152,28 @@ def _eval(args) -> None:
         save_heatmaps(df, out.with_suffix(""))
     print(f"\nWrote {len(df)} rows to {out}")
 
-def _train(args) -> None:
+def _torchrun(args) -> int:
+    "Run this same command in args.nproc processes under torchrun on this machine; its exit status."
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+           "-m", "matryoshka_lab.cli", "train", args.config, *sum((["--set", s] for s in args.overrides), [])]
+    return subprocess.call(cmd + (["--no-progress"] if args.no_progress else []))
+
+def _train(args) -> int:
     from matryoshka_lab.trainer import Trainer, load_config
-    cfg = load_config(args.config, args.overrides)
-    print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}, {cfg.max_steps} steps -> {cfg.run_dir}")
+    cfg = load_config(args.config, args.overrides)   # config errors surface here, before any process starts
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        if cfg.batch_size % args.nproc:
+            raise ValueError(f"batch_size {cfg.batch_size} (the global batch) must be divisible by --nproc {args.nproc}")
+        print(f"matryoshka-lab train: {args.nproc} processes (torchrun)", flush=True)
+        return _torchrun(args)
+    main_process = os.environ.get("RANK", "0") == "0"
+    if main_process:
+        print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}, {cfg.max_steps} steps -> {cfg.run_dir}")
     Trainer(cfg, progress=not args.no_progress).fit()
+    if not main_process:
+        return 0
     from matryoshka_lab.runs import read_run
     run = read_run(cfg.run_dir)
     loss = run.metrics[(run.metrics.split == "train") & (run.metrics.name == "loss")]
@@ -163,17 +184,19 @@ def _train(args) -> None:
         import pandas as pd
         _print_tables(pd.read_csv(grid))
     print(f"\nRun directory: {cfg.run_dir} (model/ is loadable by matryoshka-lab eval and sentence-transformers)")
+    return 0
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `matryoshka-lab` console script."
     args = build_parser().parse_args(argv)
+    rc = 0
     try:
         if args.command == "demo":
             run_demo(args.data_dir, args.out, args.model, progress=not args.no_progress)
         elif args.command == "eval":
             _eval(args)
         elif args.command == "train":
-            _train(args)
+            rc = _train(args)
         elif args.command == "tasks":
             from matryoshka_lab.data import TASKS
             for t in TASKS.values():
@@ -181,4 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FloatingPointError) as err:  # bad arguments, data or a diverged run: one clear line
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return 0
+    return rc
+
+# %% ../nbs/05_cli.ipynb #05c010a
+#| eval: false
+if __name__ == "__main__" and "ipykernel" not in sys.modules:   # python -m matryoshka_lab.cli (what torchrun runs)
+    sys.exit(main())

@@ -10,6 +10,10 @@ import json
 import math
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -22,12 +26,13 @@ from .core import parse_dims, resolve_device, seed_everything
 from .data import PairData, STSData, load_task
 from .encoder import Encoder
 from .losses import ESE, MRL, TwoDMSE, get_objective
-from .runs import RunLog
+from .runs import RunLog, read_run
 
 # %% auto #0
 __all__ = ['METHODS', 'PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'TrainData',
-           'training_data', 'make_loss', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint', 'export_model',
-           'CancelFit', 'Callback', 'EvalCallback', 'CheckpointCallback', 'Trainer']
+           'training_data', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint', 'latest_checkpoint',
+           'load_checkpoint', 'export_model', 'CancelFit', 'Callback', 'EvalCallback', 'CheckpointCallback', 'Trainer',
+           'Launched', 'launch']
 
 # %% ../nbs/08_trainer.ipynb #08c006
 METHODS = ("base", "mrl", "2dmse", "ese")
@@ -177,21 +182,101 @@ def make_loss(cfg: TrainConfig, hidden_size: int):
                        kl_temperature=cfg.kl_temperature or 0.05)
     return ESE(objective, compression_size=cfg.compression_size, kl_temperature=cfg.kl_temperature or 1.0)
 
+# %% ../nbs/08_trainer.ipynb #08c012b
+class _GatherWithGrad(torch.autograd.Function):
+    "all_gather along `dim`; the backward sums what every process computed for this process's slice."
+    @staticmethod
+    def forward(ctx, x, dim, rank, world):
+        ctx.dim, ctx.rank, ctx.world = dim, rank, world
+        parts = [torch.empty_like(x) for _ in range(world)]
+        torch.distributed.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad)
+        return grad.chunk(ctx.world, ctx.dim)[ctx.rank], None, None, None
+
+@dataclass(frozen=True)
+class Dist:
+    "This process's place in a torch.distributed job (rank 0 of 1 without one); every method is a no-op for one process."
+    rank: int = 0
+    world: int = 1
+    device: str = "cpu"
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, idx: list) -> list:
+        "This process's contiguous share of a global batch."
+        per = len(idx) // self.world
+        return idx[self.rank * per:(self.rank + 1) * per]
+
+    def gather(self, x: torch.Tensor, dim: int = -2) -> torch.Tensor:
+        "Every process's x concatenated along dim in rank order, with gradients flowing back to each process."
+        return x if self.world == 1 else _GatherWithGrad.apply(x, dim % x.dim(), self.rank, self.world)
+
+    def average_grads(self, params) -> None:
+        "Average parameter gradients over processes in one flat all-reduce."
+        if self.world == 1:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def all_gather_object(self, obj) -> list:
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        "True on every process when flag is True on any of them."
+        if self.world == 1:
+            return bool(flag)
+        t = torch.tensor([int(flag)], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
+
+def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
+    "Join the job torchrun describes (WORLD_SIZE > 1 in the environment), or stay a single process."
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist(), device
+    import torch.distributed as dist
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), str(device)), device
+
 # %% ../nbs/08_trainer.ipynb #08c014
-def _rng_state(loss_gen: torch.Generator) -> dict:
+def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> dict:
     state = {"torch": torch.get_rng_state(), "loss": loss_gen.get_state()}
+    if torch_states is not None and len(torch_states) > 1:
+        state["torch_ranks"] = list(torch_states)   # every process's own dropout generator
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
-def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2) -> Path:
-    "Write checkpoints/step_XXXXXXX atomically and keep only the newest `keep`."
+def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2,
+                    torch_states: list | None = None) -> Path:
+    "Write checkpoints/step_XXXXXXX atomically and keep only the newest `keep` (torch_states: every process's RNG)."
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
     encoder.model.save_pretrained(tmp / "model", safe_serialization=True)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(loss_gen)}, tmp / "state.pt")
+                "rng": _rng_state(loss_gen, torch_states)}, tmp / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
@@ -203,7 +288,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = [p for p in sorted((Path(run_dir) / "checkpoints").glob("step_*")) if (p / "state.pt").is_file()]
     return done[-1] if done else None
 
-def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen) -> int:
+def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen, dist: Dist = Dist()) -> int:
     "Restore weights, optimizer, scheduler and RNG states from a checkpoint; returns its step."
     from safetensors.torch import load_file
     weights = load_file(str(path / "model" / "model.safetensors"), device=str(encoder.device))
@@ -213,7 +298,14 @@ def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"]["torch"])
+    ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
+    if len(ranks) == dist.world:
+        torch.set_rng_state(ranks[dist.rank])
+    else:
+        torch.manual_seed(int(state["step"]) * 1000 + dist.rank)
+        if dist.main:
+            warnings.warn(f"checkpoint {path.name} was written by {len(ranks)} process(es), resumed by {dist.world}: "
+                          "batches and loss draws continue exactly, dropout draws differ from an uninterrupted run")
     loss_gen.set_state(state["rng"]["loss"])
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -259,6 +351,8 @@ class EvalCallback(Callback):
     def __init__(self, every: int = 0):
         self.every = every
     def _run(self, trainer):
+        if not trainer.dist.main:   # the other processes wait at their next collective
+            return
         from matryoshka_lab.eval import evaluate
         cfg = trainer.config
         df = evaluate(trainer.encoder, list(cfg.eval_tasks), layers=cfg.eval_layers,
@@ -274,18 +368,21 @@ class EvalCallback(Callback):
         self._run(trainer)
 
 class CheckpointCallback(Callback):
-    "Save a checkpoint every `every` steps and at the end."
+    "Save a checkpoint every `every` steps and at the end (rank 0 writes it, with every process's RNG state)."
     order = 20
     def __init__(self, every: int, keep: int = 2):
-        self.every, self.keep = every, keep
+        self.every, self.keep, self.saved = every, keep, None
     def _save(self, trainer):
-        save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
-                        trainer.scheduler, trainer.loss_gen, self.keep)
+        states = trainer.dist.all_gather_object(torch.get_rng_state())
+        if trainer.dist.main:
+            save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
+                            trainer.scheduler, trainer.loss_gen, self.keep, torch_states=states)
+        self.saved = trainer.step
     def after_step(self, trainer):
         if self.every > 0 and trainer.step % self.every == 0:
             self._save(trainer)
     def after_fit(self, trainer):
-        if not (Path(trainer.config.run_dir) / "checkpoints" / f"step_{trainer.step:07d}").is_dir():
+        if self.saved != trainer.step:
             self._save(trainer)
 
 # %% ../nbs/08_trainer.ipynb #08c020
@@ -294,9 +391,13 @@ class Trainer:
     def __init__(self, config: TrainConfig, encoder: Encoder | None = None, data: TrainData | None = None,
                  callbacks: list | None = None, progress: bool = True):
         self.config, self.progress = config, progress
-        seed_everything(config.seed)
+        self.dist, device = init_distributed(resolve_device(config.device))
+        if config.batch_size % self.dist.world:
+            raise ValueError(f"batch_size {config.batch_size} (the global batch) must be divisible by the "
+                             f"{self.dist.world} processes")
+        seed_everything(config.seed + self.dist.rank)   # the model load draws nothing; dropout differs per process
         self.encoder = encoder or Encoder.from_pretrained(config.model, pooling=config.pooling)
-        self.encoder.to(resolve_device(config.device))
+        self.encoder.to(device)
         self.data = data or training_data(config)
         self.loss_fn = make_loss(config, self.encoder.hidden_size)
         self.loss_gen = torch.Generator().manual_seed(config.seed)
@@ -330,13 +431,14 @@ def _train_step(self) -> dict:
     self.optimizer.zero_grad(set_to_none=True)
     parts, total = {}, 0.0
     for m in range(cfg.grad_accum):
-        idx = self._batch((self.step - 1) * cfg.grad_accum + m)
-        texts_a = [data.text_a[i] for i in idx]
-        texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in idx]
+        idx = self._batch((self.step - 1) * cfg.grad_accum + m)          # the global micro-batch
+        mine = self.dist.shard(idx)
+        texts_a = [data.text_a[i] for i in mine]
+        texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in mine]
         target = None if data.target is None else torch.as_tensor(data.target[idx], device=enc.device)
         with torch.autocast(enc.device.type, enabled=use_amp):
-            a = enc(**enc.tokenize(texts_a, cfg.max_length)).pooled.float()
-            b = enc(**enc.tokenize(texts_b, cfg.max_length)).pooled.float()
+            a = self.dist.gather(enc(**enc.tokenize(texts_a, cfg.max_length)).pooled.float())   # [L+1, B, D]
+            b = self.dist.gather(enc(**enc.tokenize(texts_b, cfg.max_length)).pooled.float())
             self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
         self._fire("after_loss")
         if not torch.isfinite(self.out.total):
@@ -347,6 +449,7 @@ def _train_step(self) -> dict:
         total += self.out.total.item() / cfg.grad_accum
         for k, v in self.out.parts.items():
             parts[k] = parts.get(k, 0.0) + v / cfg.grad_accum
+    self.dist.average_grads(enc.parameters())
     self._fire("after_backward")
     norm = torch.nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
     self.optimizer.step()
@@ -371,29 +474,80 @@ def _fit(self, resume: bool = True) -> "Trainer":
         if changed:
             raise ValueError(f"run directory {str(run_dir)!r} holds a run with a different config ({', '.join(sorted(changed))}); "
                              "use another run_dir, or the same config to resume")
-        self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen)
-    self.log = RunLog(run_dir, config=cfg.to_dict())
+        self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist)
+    main = self.dist.main
+    self.log = RunLog(run_dir, config=cfg.to_dict()) if main else None   # one writer
     self.encoder.train()
     self._fire("before_fit")
-    bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", disable=not self.progress, unit="step")
+    bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", disable=not (self.progress and main),
+               unit="step")
     try:
         while self.step < cfg.max_steps:
             self.step += 1
-            self._fire("before_step")
-            values = self.train_step()
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                self.log.log_many(self.step, values)
-            bar.update(1)
-            bar.set_postfix(loss=f"{values['loss']:.4f}")
-            self._fire("after_step")
-    except CancelFit:
-        pass
+            try:
+                self._fire("before_step")
+                values = self.train_step()
+                if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
+                    self.log.log_many(self.step, values)
+                bar.update(1)
+                bar.set_postfix(loss=f"{values['loss']:.4f}")
+                self._fire("after_step")
+                stop = False
+            except CancelFit:
+                stop = True
+            if self.dist.any(stop):   # a cancel on any process stops all of them at the same step
+                break
     finally:
         bar.close()
     self._fire("after_fit")
-    export_model(self.encoder, run_dir / "model")
+    if main:
+        export_model(self.encoder, run_dir / "model")
+        self.log.close()
     self.encoder.eval()
-    self.log.close()
     return self
 
 Trainer.fit = _fit
+
+# %% ../nbs/08_trainer.ipynb #08c027
+@dataclass
+class Launched:
+    "A training run in a background process; read its run directory while it trains."
+    proc: subprocess.Popen
+    run_dir: Path
+    log_path: Path
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def read(self):
+        "The run directory as it is now (config, metrics, snapshots)."
+        return read_run(self.run_dir)
+
+    def wait(self, timeout: float | None = None) -> "Launched":
+        "Block until the run ends; a failed run raises with the end of its log."
+        if self.proc.wait(timeout) != 0:
+            tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RuntimeError(f"training in {str(self.run_dir)!r} exited with status {self.proc.returncode}:\n{tail}")
+        return self
+
+    def stop(self) -> None:
+        "Terminate the run (and its torchrun workers); its last checkpoint stays for a resume."
+        if self.running:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait()
+
+def launch(config: TrainConfig | str | Path, overrides: list[str] | tuple = (), nproc: int = 1,
+           progress: bool = False) -> Launched:
+    "Start `matryoshka-lab train` on config (a TrainConfig or a YAML path, plus overrides) in the background."
+    cfg = make_config(config.to_dict(), overrides) if isinstance(config, TrainConfig) else load_config(config, overrides)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = run_dir / "launch.yaml"
+    spec.write_text(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict(), default=str)), sort_keys=False), encoding="utf-8")
+    cmd = [sys.executable, "-m", "matryoshka_lab.cli", "train", str(spec), "--nproc", str(nproc)]
+    log_path = run_dir / "train.log"
+    with open(log_path, "a", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd + ([] if progress else ["--no-progress"]), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)   # its own process group: stop() reaches torchrun's workers
+    return Launched(proc, run_dir, log_path)

@@ -1,4 +1,5 @@
-"""Trainer: CLI runs of every method, crash and resume with identical losses, a diverging loss, config mistakes."""
+"""Trainer: CLI runs of every method, crash and resume with identical losses, two processes = one, a diverging loss,
+config mistakes."""
 import signal
 import subprocess
 import time
@@ -72,6 +73,43 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
     a, b = losses(tmp_path / "ref"), losses(run_dir)
     assert list(b.index) == list(range(1, 13))
     torch.testing.assert_close(torch.tensor(b.values), torch.tensor(a.values), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("sets", [
+    ["method=2dmse", "objective=simcse", "train_task=builtin_intents", "grad_accum=2"],   # in-batch negatives + KL
+    ["method=ese", "objective=cosent", "train_task=builtin_sts", "compression_size=16"],  # ranking + batch SVD
+], ids=["2dmse-simcse-accum", "ese-cosent"])
+def test_two_processes_give_the_one_process_losses(sets, tiny_model_dir, tmp_path):
+    "torchrun with 2 gloo processes, each encoding half of the global batch, follows the one-process loss curve."
+    common = [f"model={tiny_model_dir}", "max_steps=6", "batch_size=8", "checkpoint_every=3", "eval_every=-1",
+              "dims=[8,16,32]", *sets]
+    config = ROOT / "configs" / "mrl.yaml"
+    one = subprocess.run(train_cmd(config, tmp_path / "one", *common), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(train_cmd(config, tmp_path / "two", *common) + ["--nproc", "2"], capture_output=True,
+                         text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(b.index) == list(range(1, 7))
+    torch.testing.assert_close(torch.tensor(b.values), torch.tensor(a.values), rtol=0, atol=1e-5)
+    # every logged part and the gradient norm too (Adam alone would hide a gradient off by a constant factor)
+    m1, m2 = (read_run(tmp_path / d).metrics.set_index(["step", "name"]).value for d in ("one", "two"))
+    assert set(m1.index) == set(m2.index) and "grad_norm" in set(m1.index.get_level_values(1))
+    torch.testing.assert_close(torch.tensor(m2[m1.index].values), torch.tensor(m1.values), rtol=1e-5, atol=1e-5)
+    from safetensors.torch import load_file
+    w1, w2 = (load_file(str(tmp_path / d / "model" / "model.safetensors")) for d in ("one", "two"))
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
+    state = torch.load(latest_checkpoint(tmp_path / "two") / "state.pt", weights_only=True)
+    assert len(state["rng"]["torch_ranks"]) == 2   # each process's dropout generator is saved for the resume
+    assert two.stdout.count("Run directory:") == 1   # rank 0 alone reports (and writes)
+
+
+def test_nproc_must_divide_the_batch(tmp_path):
+    res = subprocess.run(train_cmd(ROOT / "configs" / "mrl.yaml", tmp_path, "batch_size=8") + ["--nproc", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == "error: batch_size 8 (the global batch) must be divisible by --nproc 3"
 
 
 class Poison(Callback):
