@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from .core import parse_dims, resolve_device, seed_everything
 from .data import PairData, STSData, load_task
-from .encoder import Encoder
+from .encoder import Encoder, EncoderOutput
 from .losses import ESE, MRL, TwoDMSE, get_objective
 from .runs import RunLog, read_run
 
@@ -35,7 +35,7 @@ __all__ = ['METHODS', 'PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'ma
            'Launched', 'launch']
 
 # %% ../nbs/08_trainer.ipynb #08c006
-METHODS = ("base", "mrl", "2dmse", "ese")
+METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic")
 PAIR_OBJECTIVES = ("infonce", "cosent", "angle")
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class TrainConfig:
     model: str = "embedded"                   # embedded, a model folder, a run directory or a Hub id
     data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA
     run_dir: str = "runs/mrl"                 # where config.json, metrics.jsonl, checkpoints/ and model/ go
-    method: str = "mrl"                       # base (no Matryoshka), mrl, 2dmse, ese
+    method: str = "mrl"                       # base (no Matryoshka), mrl, 2dmse, ese, mipic, mic
+    loss_options: dict = field(default_factory=dict)   # mipic / mic: keyword arguments of their loss (ablations...)
     objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
     train_task: str = "wiki_sents"            # any task; simcse uses its texts, pair objectives its (train) pairs
     dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims; 2DMSE draws d from those below D
@@ -86,6 +87,10 @@ class TrainConfig:
                   (self.lr > 0, f"lr must be positive, got {self.lr}"),
                   (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
                   (self.temperature > 0, f"temperature must be positive, got {self.temperature}")]
+        checks.append((isinstance(self.loss_options, dict),
+                       f"loss_options must be a mapping of option names to values, got {self.loss_options!r}"))
+        checks.append((not self.loss_options or self.method in ("mipic", "mic"),
+                       f"loss_options apply to the mipic and mic methods, not {self.method!r}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -165,8 +170,8 @@ def training_data(cfg: TrainConfig) -> TrainData:
     return data
 
 # %% ../nbs/08_trainer.ipynb #08c012
-def make_loss(cfg: TrainConfig, hidden_size: int):
-    "The Matryoshka loss of cfg.method over cfg.objective."
+def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int):
+    "The Matryoshka loss of cfg.method over cfg.objective (mipic and mic: a module, see its `needs_tokens`)."
     base = get_objective(cfg.objective)
     scale = 1.0 / cfg.temperature
     def objective(a, b, target=None):
@@ -180,7 +185,19 @@ def make_loss(cfg: TrainConfig, hidden_size: int):
     if cfg.method == "2dmse":
         return TwoDMSE(objective, dims=tuple(d for d in dims if d < hidden_size) or None,
                        kl_temperature=cfg.kl_temperature or 0.05)
-    return ESE(objective, compression_size=cfg.compression_size, kl_temperature=cfg.kl_temperature or 1.0)
+    if cfg.method == "ese":
+        return ESE(objective, compression_size=cfg.compression_size, kl_temperature=cfg.kl_temperature or 1.0)
+    if cfg.method == "mipic":
+        from matryoshka_lab.mipic import MIPIC as cls
+    else:
+        from matryoshka_lab.mic import MIC as cls
+    import inspect
+    known = set(inspect.signature(cls).parameters) - {"objective", "dims", "hidden_size", "num_layers"}
+    unknown = sorted(set(cfg.loss_options) - known)
+    if unknown:
+        raise ValueError(f"unknown {cfg.method} loss option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"known: {', '.join(sorted(known))}")
+    return cls(objective, dims=dims, hidden_size=hidden_size, num_layers=num_layers, **cfg.loss_options)
 
 # %% ../nbs/08_trainer.ipynb #08c012b
 class _GatherWithGrad(torch.autograd.Function):
@@ -217,6 +234,15 @@ class Dist:
     def gather(self, x: torch.Tensor, dim: int = -2) -> torch.Tensor:
         "Every process's x concatenated along dim in rank order, with gradients flowing back to each process."
         return x if self.world == 1 else _GatherWithGrad.apply(x, dim % x.dim(), self.rank, self.world)
+
+    def gather_padded(self, x: torch.Tensor, batch_dim: int, pad_dim: int) -> torch.Tensor:
+        "gather along batch_dim after zero-padding pad_dim (the token axis) to the longest of any process."
+        if self.world == 1:
+            return x
+        n = torch.tensor([x.shape[pad_dim]], device=self.device)
+        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
+        pad = [0, 0] * (x.dim() - 1 - pad_dim % x.dim()) + [0, int(n.item()) - x.shape[pad_dim]]
+        return self.gather(torch.nn.functional.pad(x, pad), batch_dim)
 
     def average_grads(self, params) -> None:
         "Average parameter gradients over processes in one flat all-reduce."
@@ -269,14 +295,15 @@ def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> d
     return state
 
 def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2,
-                    torch_states: list | None = None) -> Path:
+                    torch_states: list | None = None, loss_module: torch.nn.Module | None = None) -> Path:
     "Write checkpoints/step_XXXXXXX atomically and keep only the newest `keep` (torch_states: every process's RNG)."
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
     encoder.model.save_pretrained(tmp / "model", safe_serialization=True)
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(loss_gen, torch_states)}, tmp / "state.pt")
+                "rng": _rng_state(loss_gen, torch_states),
+                "loss": loss_module.state_dict() if loss_module is not None else {}}, tmp / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
@@ -288,7 +315,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = [p for p in sorted((Path(run_dir) / "checkpoints").glob("step_*")) if (p / "state.pt").is_file()]
     return done[-1] if done else None
 
-def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen, dist: Dist = Dist()) -> int:
+def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen, dist: Dist = Dist(),
+                    loss_module: torch.nn.Module | None = None) -> int:
     "Restore weights, optimizer, scheduler and RNG states from a checkpoint; returns its step."
     from safetensors.torch import load_file
     weights = load_file(str(path / "model" / "model.safetensors"), device=str(encoder.device))
@@ -296,6 +324,8 @@ def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen
     if unexpected or [k for k in missing if "position_ids" not in k]:
         raise ValueError(f"checkpoint {str(path)!r} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    if loss_module is not None:
+        loss_module.load_state_dict(state.get("loss", {}))
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
@@ -376,7 +406,8 @@ class CheckpointCallback(Callback):
         states = trainer.dist.all_gather_object(torch.get_rng_state())
         if trainer.dist.main:
             save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
-                            trainer.scheduler, trainer.loss_gen, self.keep, torch_states=states)
+                            trainer.scheduler, trainer.loss_gen, self.keep, torch_states=states,
+                            loss_module=trainer.loss_module)
         self.saved = trainer.step
     def after_step(self, trainer):
         if self.every > 0 and trainer.step % self.every == 0:
@@ -399,9 +430,12 @@ class Trainer:
         self.encoder = encoder or Encoder.from_pretrained(config.model, pooling=config.pooling)
         self.encoder.to(device)
         self.data = data or training_data(config)
-        self.loss_fn = make_loss(config, self.encoder.hidden_size)
+        self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers)
+        # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
+        self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
+        self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
-        self.optimizer = torch.optim.AdamW(self.encoder.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         from transformers import get_scheduler
         name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[config.schedule]
         self.scheduler = get_scheduler(name, self.optimizer, num_warmup_steps=int(config.warmup_ratio * config.max_steps),
@@ -425,6 +459,16 @@ class Trainer:
         return order[pos * cfg.batch_size:(pos + 1) * cfg.batch_size].tolist()
 
 # %% ../nbs/08_trainer.ipynb #08c022
+def _view(self, texts: list[str]):
+    "Encode this process's texts; pooled [L+1, B, D] gathered over processes, or the whole EncoderOutput for token losses."
+    enc, dist = self.encoder, self.dist
+    if not getattr(self.loss_fn, "needs_tokens", False):
+        return dist.gather(enc(**enc.tokenize(texts, self.config.max_length)).pooled.float())
+    out = enc(**enc.tokenize(texts, self.config.max_length), tokens=True)
+    return EncoderOutput(pooled=dist.gather(out.pooled.float()), layers=out.layers,
+                         attention_mask=dist.gather_padded(out.attention_mask, 0, 1),
+                         hidden=dist.gather_padded(out.hidden.float(), 1, 2))
+
 def _train_step(self) -> dict:
     cfg, enc, data = self.config, self.encoder, self.data
     use_amp = cfg.amp and enc.device.type == "cuda"
@@ -437,8 +481,7 @@ def _train_step(self) -> dict:
         texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in mine]
         target = None if data.target is None else torch.as_tensor(data.target[idx], device=enc.device)
         with torch.autocast(enc.device.type, enabled=use_amp):
-            a = self.dist.gather(enc(**enc.tokenize(texts_a, cfg.max_length)).pooled.float())   # [L+1, B, D]
-            b = self.dist.gather(enc(**enc.tokenize(texts_b, cfg.max_length)).pooled.float())
+            a, b = self._view(texts_a), self._view(texts_b)   # [L+1, B, D] each (token losses: EncoderOutput)
             self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
         self._fire("after_loss")
         if not torch.isfinite(self.out.total):
@@ -449,13 +492,14 @@ def _train_step(self) -> dict:
         total += self.out.total.item() / cfg.grad_accum
         for k, v in self.out.parts.items():
             parts[k] = parts.get(k, 0.0) + v / cfg.grad_accum
-    self.dist.average_grads(enc.parameters())
+    self.dist.average_grads(self.params)
     self._fire("after_backward")
-    norm = torch.nn.utils.clip_grad_norm_(enc.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+    norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
     self.optimizer.step()
     self.scheduler.step()
     return {"loss": total, **parts, "grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
 
+Trainer._view = _view
 Trainer.train_step = _train_step
 
 # %% ../nbs/08_trainer.ipynb #08c023
@@ -474,10 +518,13 @@ def _fit(self, resume: bool = True) -> "Trainer":
         if changed:
             raise ValueError(f"run directory {str(run_dir)!r} holds a run with a different config ({', '.join(sorted(changed))}); "
                              "use another run_dir, or the same config to resume")
-        self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist)
+        self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
+                                    self.loss_module)
     main = self.dist.main
     self.log = RunLog(run_dir, config=cfg.to_dict()) if main else None   # one writer
     self.encoder.train()
+    if self.loss_module is not None:
+        self.loss_module.train()
     self._fire("before_fit")
     bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", disable=not (self.progress and main),
                unit="step")
