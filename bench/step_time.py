@@ -10,8 +10,10 @@ alike; each setup's figure is its median over rounds. Setups:
   2dmse       ours, 2DMSE (last + one sampled layer, full + one sampled prefix, KL alignment)
   st_mrl      sentence-transformers MatryoshkaLoss(MultipleNegativesRankingLoss) over the same dims
   st_2d       sentence-transformers Matryoshka2dLoss(MultipleNegativesRankingLoss), one layer and one dim per step
+  mipic       ours, MIPIC (MRL + SIA + PIC on the token states of the same pass; its P_i and phi_i are trained too)
+  mic         ours, MIC (MRL + SCR + SIR on the token states of the same pass)
 The last line is one JSON object with the ratios (mrl_over_base, 2dmse_over_mrl, mrl_over_st_matryoshka,
-2dmse_over_st_matryoshka2d) and the medians in seconds.
+2dmse_over_st_matryoshka2d, mipic_over_mrl, mic_over_mrl) and the medians in seconds.
 """
 import argparse
 import json
@@ -24,15 +26,18 @@ import torch
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
+from matryoshka_lab.mic import MIC
+from matryoshka_lab.mipic import MIPIC
 
 DIMS = [16, 32, 64, 128, 256, 384]
 
 
 def ours(enc, loss, batch_a, batch_b, opt, gen):
+    tokens = getattr(loss, "needs_tokens", False)   # token-level losses take the whole EncoderOutput of each view
     def step():
         opt.zero_grad(set_to_none=True)
-        a, b = enc(**batch_a).pooled, enc(**batch_b).pooled
-        loss(a, b, None, generator=gen).total.backward()
+        a, b = enc(**batch_a, tokens=tokens), enc(**batch_b, tokens=tokens)
+        (loss(a, b, None, generator=gen) if tokens else loss(a.pooled, b.pooled, None, generator=gen)).total.backward()
         opt.step()
     return step
 
@@ -69,11 +74,15 @@ def main():
     dims = [d for d in DIMS if d <= enc.hidden_size]
     ba, bb = enc.tokenize(text_a, args.max_length), enc.tokenize(text_b, args.max_length)
     gen = torch.Generator().manual_seed(0)
-    opt = torch.optim.AdamW(enc.parameters(), lr=0.0)   # lr 0: every step does the same work on the same weights
+    mipic = MIPIC(info_nce, dims, enc.hidden_size, enc.num_layers)
+    mic = MIC(info_nce, dims, enc.hidden_size, enc.num_layers)
+    opt = torch.optim.AdamW(list(enc.parameters()) + list(mipic.parameters()), lr=0.0)   # lr 0: same work, same weights
     setups = {"base": ours(enc, MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
               "mrl": ours(enc, MRL(info_nce, dims=dims), ba, bb, opt, gen),
               "2dmse": ours(enc, TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen)}
 
+    setups["mipic"] = ours(enc, mipic, ba, bb, opt, gen)
+    setups["mic"] = ours(enc, mic, ba, bb, opt, gen)
     st = SentenceTransformer(resolve_model(args.model), device="cpu")
     st.max_seq_length = args.max_length
     st.train()
@@ -99,11 +108,14 @@ def main():
               "2dmse_over_mrl": round(med["2dmse"] / med["mrl"], 3),
               "mrl_over_st_matryoshka": round(med["mrl"] / med["st_mrl"], 3),
               "2dmse_over_st_matryoshka2d": round(med["2dmse"] / med["st_2d"], 3),
+              "mipic_over_mrl": round(med["mipic"] / med["mrl"], 3),
+              "mic_over_mrl": round(med["mic"] / med["mrl"], 3),
               "batch_size": args.batch_size, "max_length": args.max_length, "rounds": args.rounds,
               "median_seconds": {n: round(v, 4) for n, v in med.items()}}
     print(f"MRL / base {result['mrl_over_base']}x (goal <= 1.10); 2DMSE / MRL {result['2dmse_over_mrl']}x (goal <= 1.15); "
           f"ours / sentence-transformers: MRL {result['mrl_over_st_matryoshka']}x, 2D {result['2dmse_over_st_matryoshka2d']}x "
-          f"(goal <= 1)")
+          f"(goal <= 1); MIPIC / MRL {result['mipic_over_mrl']}x (goal <= 1.5), MIC / MRL {result['mic_over_mrl']}x "
+          f"(goal <= 1.25)")
     print(json.dumps(result))
 
 
