@@ -15,10 +15,10 @@ import pandas as pd
 from .core import hub_offline, resolve_data_dir
 
 # %% auto #0
-__all__ = ['KINDS', 'TASKS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences', 'read_table',
-           'sts_from_frame', 'pairs_from_frame', 'classification_from_frame', 'hierarchy_from_frame',
+__all__ = ['KINDS', 'TASKS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences',
+           'read_table', 'sts_from_frame', 'pairs_from_frame', 'classification_from_frame', 'hierarchy_from_frame',
            'sentences_from_frame', 'TaskSpec', 'task_spec', 'Task', 'load_hub', 'load_task', 'builtin_sts',
-           'builtin_intents']
+           'builtin_intents', 'mipic_corpus']
 
 # %% ../nbs/02_data.ipynb #02c006
 def _check_len(name: str, **cols) -> None:
@@ -187,6 +187,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec("goemotions", "hierarchy", "goemotions", ("test.jsonl",), ("train.jsonl",),
              columns=dict(levels={"sentiment": "sentiment", "ekman": "ekman", "emotion": "labels"})),
     TaskSpec("wiki_sents", "sentences", "wiki_sents", ("sentences.jsonl",)),
+    TaskSpec("mipic_corpus", "sentences", "", ()),   # built from several folders: see mipic_corpus below
     TaskSpec("builtin_sts", "sts", "", ()),
     TaskSpec("builtin_intents", "hierarchy", "", (), columns=dict(levels={"domain": "domain", "intent": "intent"})),
 ]}
@@ -285,6 +286,8 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
         return Task(spec, builtin_sts(seed=1), builtin_sts(seed=0), source="generated")
     if name == "builtin_intents":
         return Task(spec, builtin_intents(seed=1, per_intent=6), builtin_intents(seed=0), source="generated")
+    if name == "mipic_corpus":
+        return Task(spec, mipic_corpus(data_dir), None, source="mipic.txt App. A.2 sample")
     root = resolve_data_dir(data_dir)
     if root is not None:
         return _load_local(spec, root)
@@ -365,3 +368,25 @@ def builtin_intents(per_intent: int = 20, seed: int = 0) -> HierarchyData:
                 text.append(t.format(**{k: rng.choice(v) for k, v in _FILL.items()}))
                 dom.append(d); intent.append(it)
     return HierarchyData(text, {"domain": np.array(dom, dtype=object), "intent": np.array(intent, dtype=object)})
+
+# %% ../nbs/02_data.ipynb #02c031
+MIPIC_CORPUS = (("banking77", "banking77/train.jsonl", 3000), ("tweeteval_emotion", "tweeteval/emotion/train.jsonl", 3000),
+                ("stsb", "sts/stsb/train.jsonl", 1500), ("sickr", "sts/sickr/train.jsonl", 1500),
+                ("mrpc", "mrpc/train.jsonl", 1500))   # (task whose columns apply, train file, rows drawn): App. A.2
+
+def mipic_corpus(data_dir: str | Path | None = None, seed: int = 0) -> Sentences:
+    "The unsupervised training sentences of mipic.txt App. A.2 from the data directory's train files (seeded sample)."
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        raise ValueError("mipic_corpus samples the train files of a data directory: give --data-dir or set "
+                         "$MATRYOSHKA_LAB_DATA")
+    rng = np.random.default_rng(seed)
+    texts = []
+    for name, file, n in MIPIC_CORPUS:
+        data = _from_frame(TASKS[name], read_table(root / file))
+        pick = np.sort(rng.choice(len(data), size=min(n, len(data)), replace=False))
+        if hasattr(data, "text"):
+            texts += [data.text[i] for i in pick]
+        else:   # a pair: both sentences
+            texts += [s for i in pick for s in (data.sentence1[i], data.sentence2[i])]
+    return Sentences(list(dict.fromkeys(t for t in texts if t.strip())))

@@ -12,7 +12,7 @@ EXPECTED = {"stsb": (1379, 5749), "stsb_dev": (1500, 0), "sickr": (9927, 0), "st
             "sts15": (3000, 0), "sts16": (1186, 0), "banking77": (3080, 10003), "emotion": (2000, 16000),
             "tweeteval_emotion": (1421, 3257), "tweeteval_sentiment": (12284, 2000), "mrpc": (1725, 4076),
             "clinc150": (4500, 15000), "trec": (500, 5452), "20newsgroups": (7532, 11314), "wos": (211, 789),
-            "arxiv": (416, 1584), "wiki_sents": (14750, 0)}
+            "arxiv": (416, 1584), "wiki_sents": (14750, 0), "mipic_corpus": (14041, 0)}
 TYPES = {"sts": STSData, "pair": PairData, "classification": ClassificationData, "hierarchy": HierarchyData,
          "sentences": Sentences}
 
