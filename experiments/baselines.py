@@ -4,23 +4,30 @@
 
 The sweep of nbs/10_baselines.ipynb (matryoshka_lab.experiments) from a shell: every method trains the embedded
 all-MiniLM-L6-v2 with the same data, steps, batch, learning rate and seeds, then evaluates every hidden state x
-prefix dim on STS-B (dev and test), SICK-R and STS12-16. Settings: angle (AnglE on STS-B train pairs, lr 5e-5) and
-simcse (unsupervised SimCSE on wiki sentences). Writes OUT/summary.csv after every run (finished runs are read
+prefix dim on STS-B (dev and test), SICK-R and STS12-16. Settings: angle (AnglE on STS-B train pairs, lr 5e-5),
+simcse (unsupervised SimCSE on wiki sentences) and mipic (SimCSE on the MIPIC/MIC corpus; MRL vs MIPIC vs MIC and
+their main ablations by default, also evaluated on Banking77, TweetEval and MRPC). Writes OUT/summary.csv after every run (finished runs are read
 back, so an interrupted sweep continues) and prints mean +- std over seeds of the average over the 7 test sets.
 """
 import argparse
 
-from matryoshka_lab.experiments import BASELINES, SETTINGS, STS_TEST, delta_table, run_baselines, seed_stats, stats_table
+from matryoshka_lab.experiments import (BASELINES, SETTINGS, STS_TEST, VARIANTS, delta_table, run_baselines, seed_stats,
+                                        stats_table)
+
+DEFAULT_METHODS = {"mipic": ("untrained", "mrl", "mipic", "mipic_no_sia", "mipic_no_pic", "mic", "mic_scr_only",
+                             "mic_sir_only")}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setting", choices=sorted(SETTINGS), default="angle")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--methods", nargs="+", default=list(BASELINES), choices=BASELINES)
+    p.add_argument("--methods", nargs="+", default=None, choices=list(VARIANTS),
+                   help="default: the baselines (angle, simcse) or MRL, MIPIC, MIC and their ablations (mipic)")
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("--out", default=None, help="default: runs/baselines_SETTING")
     args = p.parse_args()
+    args.methods = args.methods or list(DEFAULT_METHODS.get(args.setting, BASELINES))
     summary = run_baselines(args.out or f"runs/baselines_{args.setting}", args.setting, seeds=args.seeds,
                             methods=args.methods, max_steps=args.max_steps)
     stats = seed_stats(summary, STS_TEST)
