@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .data import task_spec
 from .encoder import Encoder
 from .eval import evaluate
 from .trainer import TrainConfig, Trainer, make_config
 
 # %% auto #0
-__all__ = ['STS_TEST', 'BASELINES', 'VARIANTS', 'SETTINGS', 'EVAL_TASKS', 'baseline_config', 'run_one', 'run_baselines',
-           'seed_stats', 'stats_table', 'delta_table', 'plot_baselines']
+__all__ = ['STS_TEST', 'BASELINES', 'VARIANTS', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one',
+           'run_baselines', 'seed_stats', 'stats_table', 'delta_table', 'paired_test', 'plot_baselines']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -110,6 +112,34 @@ def delta_table(stats: pd.DataFrame, method: str, reference: str = "mrl") -> pd.
     "Mean of `method` minus mean of `reference`, layer x dim (positive: method better)."
     mean = stats.pivot_table(index=["layer", "dim"], columns="method", values="mean")
     return (mean[method] - mean[reference]).unstack("dim")
+
+# %% ../nbs/10_baselines.ipynb #10c014b
+TASK_METRIC = {"sts": "spearman", "classification": "f1", "pair": "accuracy"}
+
+def paired_test(summary: pd.DataFrame, method: str, reference: str = "mrl", tasks=None, layer: int | None = None,
+                dims=None) -> pd.DataFrame:
+    "Per prefix dim at `layer` (default: the last): method - reference over matched (seed, task) pairs, with p-values."
+    from scipy import stats
+    layer = int(summary.layer.max()) if layer is None else layer
+    tasks = list(tasks) if tasks is not None else sorted(set(summary.task))
+    metric = {t: TASK_METRIC.get(task_spec(t).kind, "spearman") for t in tasks}
+    sel = summary[(summary.layer == layer) & summary.task.isin(tasks) & summary.method.isin([method, reference])]
+    sel = sel[[metric[t] == m for t, m in zip(sel.task, sel.metric)]]
+    if dims is not None:
+        sel = sel[sel.dim.isin(list(dims))]
+    wide = sel.pivot_table(index=["dim", "seed", "task"], columns="method", values="value")
+    missing = [m for m in (method, reference) if m not in wide.columns]
+    if missing:
+        raise ValueError(f"no {', '.join(map(repr, missing))} rows at layer {layer} for tasks {tasks}")
+    rows = []
+    for dim, g in wide.groupby(level="dim"):
+        diff = (g[method] - g[reference]).dropna().to_numpy()
+        varied = len(diff) >= 2 and np.any(diff != diff[0])
+        rows.append({"dim": dim, "pairs": len(diff), "mean_diff": diff.mean(), "std_diff": diff.std(ddof=1) if len(diff) > 1 else 0.0,
+                     "wins": int((diff > 0).sum()), "losses": int((diff < 0).sum()),
+                     "wilcoxon_p": stats.wilcoxon(diff).pvalue if varied else np.nan,
+                     "ttest_p": stats.ttest_1samp(diff, 0.0).pvalue if varied else np.nan})
+    return pd.DataFrame(rows).set_index("dim")
 
 # %% ../nbs/10_baselines.ipynb #10c016
 def plot_baselines(stats: pd.DataFrame, dims: tuple | None = None, title: str = "mean Spearman x100 over seeds"):
