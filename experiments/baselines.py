@@ -14,8 +14,8 @@ import argparse
 from matryoshka_lab.experiments import (BASELINES, SETTINGS, STS_TEST, VARIANTS, delta_table, run_baselines, seed_stats,
                                         stats_table)
 
-DEFAULT_METHODS = {"mipic": ("untrained", "mrl", "mipic", "mipic_no_sia", "mipic_no_pic", "mic", "mic_scr_only",
-                             "mic_sir_only")}
+DEFAULT_METHODS = {"mipic": ("untrained", "mrl", "mipic", "mipic_no_sia", "mipic_no_pic", "mipic_no_att", "mic",
+                             "mic_scr_only", "mic_sir_only")}
 
 
 def main():

@@ -18,7 +18,8 @@ from .trainer import TrainConfig, Trainer, make_config
 
 # %% auto #0
 __all__ = ['STS_TEST', 'BASELINES', 'VARIANTS', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one',
-           'run_baselines', 'seed_stats', 'stats_table', 'delta_table', 'paired_test', 'plot_baselines']
+           'run_baselines', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test', 'plot_baselines',
+           'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -43,7 +44,8 @@ SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 20
             "angle": {"objective": "angle", "train_task": "stsb", "max_length": 48, "lr": 5e-5},
             # mipic.txt App. A.2-A.3: SimCSE on the mixed corpus, lr 2e-5, cosine (5 epochs of batch 16 at 256 tokens
             # do not fit 2 CPU cores: the step budget, batch and length stay those of the other settings, 48 tokens)
-            "mipic": {"train_task": "mipic_corpus", "lr": 2e-5, "schedule": "cosine", "max_length": 48}}
+            "mipic": {"train_task": "mipic_corpus", "lr": 2e-5, "schedule": "cosine", "max_length": 48,
+                      "eval_layers": "-1"}}   # the papers report the last layer; 7 layers x 3 classifiers would triple eval time
 EVAL_TASKS = {"simcse": ["stsb_dev", *STS_TEST], "angle": ["stsb_dev", *STS_TEST],
               "mipic": [*STS_TEST, "banking77", "tweeteval_emotion", "mrpc"]}
 
@@ -116,13 +118,17 @@ def delta_table(stats: pd.DataFrame, method: str, reference: str = "mrl") -> pd.
 # %% ../nbs/10_baselines.ipynb #10c014b
 TASK_METRIC = {"sts": "spearman", "classification": "f1", "pair": "accuracy"}
 
+def task_metric(task: str) -> str:
+    "The papers' metric of a task: Spearman (STS), macro-F1 of logistic regression (classification), best-threshold accuracy (pairs)."
+    return TASK_METRIC.get(task_spec(task).kind, "spearman")
+
 def paired_test(summary: pd.DataFrame, method: str, reference: str = "mrl", tasks=None, layer: int | None = None,
                 dims=None) -> pd.DataFrame:
     "Per prefix dim at `layer` (default: the last): method - reference over matched (seed, task) pairs, with p-values."
     from scipy import stats
     layer = int(summary.layer.max()) if layer is None else layer
     tasks = list(tasks) if tasks is not None else sorted(set(summary.task))
-    metric = {t: TASK_METRIC.get(task_spec(t).kind, "spearman") for t in tasks}
+    metric = {t: task_metric(t) for t in tasks}
     sel = summary[(summary.layer == layer) & summary.task.isin(tasks) & summary.method.isin([method, reference])]
     sel = sel[[metric[t] == m for t, m in zip(sel.task, sel.metric)]]
     if dims is not None:
@@ -156,5 +162,29 @@ def plot_baselines(stats: pd.DataFrame, dims: tuple | None = None, title: str = 
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(title)
     axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/10_baselines.ipynb #10c016a
+def plot_by_dim(summary: pd.DataFrame, panels: dict | None = None, methods=None, layer: int | None = None):
+    "Matplotlib figure: one panel per task group, mean score over seeds against prefix dim at `layer` (default: the last), error bars = std."
+    import matplotlib.pyplot as plt
+    layer = int(summary.layer.max()) if layer is None else layer
+    tasks = list(dict.fromkeys(summary.task))
+    if panels is None:
+        sts = [t for t in STS_TEST if t in tasks]
+        panels = ({f"STS (mean of {len(sts)})": sts} if sts else {}) | {t: [t] for t in tasks if t not in STS_TEST and t != "stsb_dev"}
+    methods = list(methods or dict.fromkeys(summary.method))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.3), squeeze=False)
+    for ax, (title, group) in zip(axes[0], panels.items()):
+        metric = task_metric(group[0])
+        st = seed_stats(summary, group, metric)
+        for method in methods:
+            s = st[(st.method == method) & (st.layer == layer)].sort_values("dim")
+            ax.errorbar(s.dim, s["mean"], yerr=s["std"], marker="o", ms=3, capsize=2, label=method)
+        ax.set(title=title, xlabel="prefix dim", ylabel=metric, xscale="log")
+        ax.set_xticks(sorted(set(st.dim)), [str(d) for d in sorted(set(st.dim))])
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     return fig
