@@ -6,12 +6,16 @@
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import inspect
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -19,8 +23,8 @@ from tqdm.auto import tqdm
 from .core import hub_offline, parse_layers, resolve_device
 
 # %% auto #0
-__all__ = ['EMBEDDED', 'POOLINGS', 'embedded_model_path', 'ModelNotAvailableError', 'resolve_model', 'load_hf', 'pool',
-           'EncoderOutput', 'Encoder']
+__all__ = ['EMBEDDED', 'POOLINGS', 'WEIGHT_SUFFIXES', 'embedded_model_path', 'ModelNotAvailableError', 'resolve_model', 'load_hf',
+           'pool', 'EncoderOutput', 'Encoder', 'model_fingerprint', 'embedding_cache_dir', 'encode_cached']
 
 # %% ../nbs/01_encoder.ipynb #01c006
 EMBEDDED = "embedded"
@@ -305,3 +309,65 @@ def _truncated(self, n: int) -> "Encoder":
     return out
 
 Encoder.truncated = _truncated
+
+# %% ../nbs/01_encoder.ipynb #01c041
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
+
+def _sha256_file(path: Path, h) -> None:
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+
+@functools.lru_cache(maxsize=32)
+def _fingerprint(resolved: str, stamp: tuple) -> str:
+    folder, h = Path(resolved), hashlib.sha256()
+    if not folder.is_dir():                                # a Hub id: its name is all we know without loading it
+        h.update(f"hub:{resolved}".encode())
+        return h.hexdigest()[:16]
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and (f.name == "config.json" or f.suffix in WEIGHT_SUFFIXES):
+            h.update(str(f.relative_to(folder)).encode())
+            _sha256_file(f, h)
+    return h.hexdigest()[:16]
+
+def model_fingerprint(name: str | Path = EMBEDDED) -> str:
+    "16 hex digits identifying a model: the sha256 of its folder's config.json and weight files (a Hub id: of the id)."
+    resolved = resolve_model(name)
+    folder = Path(resolved)
+    files = sorted(folder.rglob("*")) if folder.is_dir() else []
+    stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())  # re-hash on change
+    return _fingerprint(resolved, stamp)
+
+def embedding_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    "Where cached embeddings live: cache_dir, else $MATRYOSHKA_LAB_CACHE, else ~/.cache/matryoshka_lab."
+    return Path(cache_dir or os.environ.get("MATRYOSHKA_LAB_CACHE") or Path.home() / ".cache" / "matryoshka_lab").expanduser()
+
+def encode_cached(model: str | Path, texts: list[str], layers="all", pooling: str | None = None,
+                  max_length: int | None = None, batch_size: int = 64, cache_dir: str | Path | None = None,
+                  encoder: "Encoder | None" = None, progress: bool = True) -> torch.Tensor:
+    "Pooled embeddings [L', N, D] of `texts` by `model`, read from the on-disk cache or encoded once and stored there."
+    if isinstance(texts, str) or not len(texts):
+        raise ValueError("texts must be a non-empty list of strings")
+    texts = list(texts)
+    text_hash = hashlib.sha256("\x1e".join(texts).encode()).hexdigest()      # record separator between texts
+    spec = {"model": model_fingerprint(model), "texts": text_hash, "n": len(texts), "layers": str(layers),
+            "pooling": pooling, "max_length": max_length, "version": 1}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
+    folder = embedding_cache_dir(cache_dir) / "embeddings"
+    path = folder / f"{key}.npy"
+    if path.is_file():
+        try:
+            arr = np.load(path, allow_pickle=False)
+            if arr.ndim == 3 and arr.shape[1] == len(texts):
+                return torch.from_numpy(arr)
+        except (ValueError, OSError, EOFError):
+            pass                                           # unreadable entry: encode again and replace it
+    enc = encoder or Encoder.from_pretrained(model, pooling=pooling, max_length=max_length)
+    emb = enc.encode(texts, batch_size=batch_size, layers=layers, pooling=pooling, max_length=max_length,
+                     progress=progress, desc="encode (caching)")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{key}.{os.getpid()}.tmp.npy"
+    np.save(tmp, emb.numpy())
+    os.replace(tmp, path)
+    (folder / f"{key}.json").write_text(json.dumps({**spec, "model_name": str(model), "shape": list(emb.shape)}))
+    return emb
