@@ -1,21 +1,23 @@
-"""CPU-scale comparison of the baseline objectives (issue 3): untrained, no-Matryoshka, MRL, 2DMSE and ESE.
+"""CPU-scale comparisons of the training objectives: the baselines (untrained, no-Matryoshka, MRL, 2DMSE, ESE) and
+MRL vs MIPIC vs MIC with their ablations.
 
-    python experiments/baselines.py [--setting angle|simcse] [--seeds 0 1 2] [--max-steps 200] [--out DIR]
+    python experiments/baselines.py [--setting angle|simcse|mipic] [--seeds 0 1 2] [--max-steps N] [--out DIR]
 
 The sweep of nbs/10_baselines.ipynb (matryoshka_lab.experiments) from a shell: every method trains the embedded
-all-MiniLM-L6-v2 with the same data, steps, batch, learning rate and seeds, then evaluates every hidden state x
-prefix dim on STS-B (dev and test), SICK-R and STS12-16. Settings: angle (AnglE on STS-B train pairs, lr 5e-5),
-simcse (unsupervised SimCSE on wiki sentences) and mipic (SimCSE on the MIPIC/MIC corpus; MRL vs MIPIC vs MIC and
-their main ablations by default, also evaluated on Banking77, TweetEval and MRPC). Writes OUT/summary.csv after every run (finished runs are read
-back, so an interrupted sweep continues) and prints mean +- std over seeds of the average over the 7 test sets.
+all-MiniLM-L6-v2 with the same data, steps, batch, learning rate and seeds, then evaluates it. Settings: angle (AnglE
+on STS-B train pairs, lr 5e-5) and simcse (unsupervised SimCSE on wiki sentences), evaluated at every hidden state x
+prefix dim on STS-B (dev and test), SICK-R and STS12-16; mipic (SimCSE on the MIPIC/MIC corpus; by default MRL, MIPIC,
+MIC, MIPIC without PIC and MIC without SIR), evaluated at the last layer on the STS sets, Banking77, TweetEval and
+MRPC, and read by nbs/13_mipic_mic_results.ipynb. Writes OUT/summary.csv after every run (finished runs are read back,
+so an interrupted sweep continues) and prints mean +- std over seeds of the average over the 7 STS test sets.
 """
 import argparse
 
-from matryoshka_lab.experiments import (BASELINES, SETTINGS, STS_TEST, VARIANTS, delta_table, run_baselines, seed_stats,
-                                        stats_table)
+from matryoshka_lab.experiments import (BASELINES, MIPIC_SWEEP, SETTINGS, STS_TEST, VARIANTS, delta_table, run_baselines,
+                                        seed_stats, stats_table)
 
-DEFAULT_METHODS = {"mipic": ("untrained", "mrl", "mipic", "mipic_no_sia", "mipic_no_pic", "mipic_no_att", "mic",
-                             "mic_scr_only", "mic_sir_only")}
+DEFAULT_METHODS = {"mipic": MIPIC_SWEEP}
+DEFAULT_STEPS = {"mipic": 100}   # what nbs/13 reads: 16 runs of the mipic setting fit one session on 2 CPU cores
 
 
 def main():
@@ -24,10 +26,11 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=None, choices=list(VARIANTS),
                    help="default: the baselines (angle, simcse) or MRL, MIPIC, MIC and their ablations (mipic)")
-    p.add_argument("--max-steps", type=int, default=200)
+    p.add_argument("--max-steps", type=int, default=None, help="default: 100 (mipic), 200 (angle, simcse)")
     p.add_argument("--out", default=None, help="default: runs/baselines_SETTING")
     args = p.parse_args()
     args.methods = args.methods or list(DEFAULT_METHODS.get(args.setting, BASELINES))
+    args.max_steps = args.max_steps or DEFAULT_STEPS.get(args.setting, 200)
     summary = run_baselines(args.out or f"runs/baselines_{args.setting}", args.setting, seeds=args.seeds,
                             methods=args.methods, max_steps=args.max_steps)
     stats = seed_stats(summary, STS_TEST)

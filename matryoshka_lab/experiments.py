@@ -17,9 +17,9 @@ from .eval import evaluate
 from .trainer import TrainConfig, Trainer, make_config
 
 # %% auto #0
-__all__ = ['STS_TEST', 'BASELINES', 'VARIANTS', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one',
-           'run_baselines', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test', 'plot_baselines',
-           'plot_by_dim']
+__all__ = ['STS_TEST', 'BASELINES', 'VARIANTS', 'MIPIC_SWEEP', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config',
+           'run_one', 'run_baselines', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test',
+           'plot_baselines', 'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -40,6 +40,8 @@ VARIANTS = {   # name -> what it trains with; the papers' ablations are variants
     "mic_first_layer": {"method": "mic", "loss_options": {"layers": "first"}},        # Table 7
     "mic_last_layer": {"method": "mic", "loss_options": {"layers": "last"}},          # Table 7
 }
+# the mipic setting's sweep (nbs/13): MRL, MIPIC, MIC and the ablation of the term that dominates each one's gradient
+MIPIC_SWEEP = ("untrained", "mrl", "mipic", "mipic_no_pic", "mic", "mic_scr_only")
 SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 200 steps x 32, lr 3e-5, 32 tokens
             "angle": {"objective": "angle", "train_task": "stsb", "max_length": 48, "lr": 5e-5},
             # mipic.txt App. A.2-A.3: SimCSE on the mixed corpus, lr 2e-5, cosine (5 epochs of batch 16 at 256 tokens
