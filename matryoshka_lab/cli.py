@@ -108,8 +108,58 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     t.add_argument("--nproc", type=int, default=1,
                    help="processes on this machine via torchrun (default 1); batch_size stays the global batch")
+    f = sub.add_parser("fractal", help="Fractal Embeddings: V5 vs MRL heads (and ablations) on a frozen backbone; JSON")
+    f.add_argument("--model", default="embedded", help="frozen backbone: embedded (default), a model folder or a Hub id")
+    f.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
+    f.add_argument("--dataset", required=True, help="a hierarchy task, e.g. clinc150, trec, builtin_intents")
+    f.add_argument("--seeds", type=int, default=5, help="number of seeds: 42, 123, 456, 789, 1024 first (default 5)")
+    f.add_argument("--conditions", default="v5,mrl,inverted,no_prefix,uhmt", help="comma-separated conditions")
+    f.add_argument("--epochs", type=int, default=5, help="epochs per head (default 5, the paper's)")
+    f.add_argument("--max-train", type=int, default=None, help="random training rows per seed (default: all)")
+    f.add_argument("--max-test", type=int, default=None, help="random test rows per seed (default: all)")
+    f.add_argument("--val-frac", type=float, default=0.1, help="validation share of the training rows (default 0.1)")
+    f.add_argument("--split-seed", type=int, default=None, help="one split for every seed (default: each seed's own)")
+    f.add_argument("--out", required=True, help="JSON file to write")
+    f.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("tasks", help="list the task names")
     return p
+
+# %% ../nbs/05_cli.ipynb #05c009b
+def _num(x, spec: str = "+.3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+def _print_fractal(res: dict, out=sys.stdout) -> None:
+    "Per condition: S mean +- sd and the k-NN accuracy at the shortest and full prefix; then V5 vs MRL."
+    d0, dJ = res["dims"][0], res["dims"][-1]
+    print(f"\n{res['dataset']} ({res['levels'][0]} -> {res['levels'][1]}), seeds {res['seeds']}: steerability S (Eq. 1) "
+          f"and k-NN accuracy (L0 coarse, L1 fine) at {d0} and {dJ} dims", file=out)
+    for c, s in res["summary"].items():
+        acc = "  ".join(f"{lv}@{d} {s['acc_mean'][lv][i]:.3f}" for lv in ("L0", "L1") for i, d in ((0, d0), (-1, dJ)))
+        print(f"  {c:10s} S {_num(s['S_mean'])} +- {_num(s['S_sd'], '.3f')}   {acc}", file=out)
+    u = res.get("untrained")
+    if u:
+        print(f"  {'untrained':10s} S {_num(sum(u['S']) / len(u['S']))}            (each seed's initial random projection)", file=out)
+    t = res["stats"].get("v5_vs_mrl")
+    if t:
+        print(f"  v5 - mrl: mean {_num(t['mean_diff'])}, paired t({t['df']}) = {_num(t['t'], '.2f')}, p = {_num(t['p'], '.4f')}, "
+              f"d = {_num(t['d'], '.2f')}", file=out)
+
+def _fractal(args) -> None:
+    import json
+    from matryoshka_lab.fractal import run_fractal
+    out = Path(args.out)
+    if out.suffix.lower() != ".json":
+        raise ValueError(f"--out must be a .json file, got {args.out!r}")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    res = run_fractal(args.model, args.data_dir, args.dataset, seeds=args.seeds, conditions=conditions, epochs=args.epochs,
+                      max_train=args.max_train, max_test=args.max_test, val_frac=args.val_frac, split_seed=args.split_seed,
+                      progress=not args.no_progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, allow_nan=False))
+    _print_fractal(res)
+    print(f"\nWrote {out}")
 
 # %% ../nbs/05_cli.ipynb #05c010
 def _eval_defaults(args) -> None:
@@ -197,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             _eval(args)
         elif args.command == "train":
             rc = _train(args)
+        elif args.command == "fractal":
+            _fractal(args)
         elif args.command == "tasks":
             from matryoshka_lab.data import TASKS
             for t in TASKS.values():

@@ -77,3 +77,48 @@ def test_eval_without_tasks_or_run_dir_says_what_it_needs(tmp_path):
         "error: eval needs --tasks and --out (or a run directory: matryoshka-lab eval RUN_DIR)"
     res = run("eval", str(tmp_path), "--no-progress")
     assert res.returncode == 2 and "has no config.json" in res.stderr
+
+
+def test_fractal_writes_json(tiny_model_dir, tmp_path):
+    out = tmp_path / "fractal.json"
+    res = run("fractal", "--model", str(tiny_model_dir), "--dataset", "builtin_intents", "--seeds", "2", "--epochs", "1",
+              "--conditions", "v5,mrl,inverted", "--out", str(out), "--no-progress",
+              env={"MATRYOSHKA_LAB_CACHE": str(tmp_path / "cache")})
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert (r["dataset"], r["seeds"], r["conditions"]) == ("builtin_intents", [42, 123], ["v5", "mrl", "inverted"])
+    assert r["levels"] == ["domain", "intent"] and r["n_classes"] == [5, 15] and r["dims"] == [64, 128, 192, 256]
+    assert r["split"]["n_train"] + r["split"]["n_val"] == 300 and r["split"]["n_test"] == 90
+    assert len(r["runs"]) == 6 and {(x["condition"], x["seed"]) for x in r["runs"]} == \
+        {(c, s) for c in ("v5", "mrl", "inverted") for s in (42, 123)}
+    for x in r["runs"]:   # S recomputed from the stored grid (Eq. 1); accuracies are fractions of the 90 test rows
+        a0, a1 = x["acc"]["L0"], x["acc"]["L1"]
+        assert abs(x["S"] - ((a0[0] - a0[3]) + (a1[3] - a1[0]))) < 1e-9
+        assert all(abs(v * 90 - round(v * 90)) < 1e-6 for v in a0 + a1)
+    for c in ("v5", "mrl", "inverted"):
+        S = [x["S"] for x in r["runs"] if x["condition"] == c]
+        assert r["summary"][c]["S"] == S and abs(r["summary"][c]["S_mean"] - (S[0] + S[1]) / 2) < 1e-12
+    assert set(r["stats"]) == {"v5_vs_mrl", "vs_v5"}
+    assert "steerability S (Eq. 1)" in res.stdout and "v5 - mrl" in res.stdout
+    assert len(list((tmp_path / "cache" / "embeddings").glob("*.npy"))) == 1   # the backbone ran once, through the cache
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset", "stsb"], "error: task 'stsb' is of kind 'sts': fractal training needs a hierarchy task"),
+    (["--dataset", "builtin_intents", "--seeds", "0"], "error: --seeds must be at least 1, got 0"),
+    (["--dataset", "builtin_intents", "--conditions", "v5,flat"],
+     "error: unknown condition 'flat'; conditions are v5, mrl, inverted, no_prefix, uhmt"),
+    (["--dataset", "builtin_intents", "--epochs", "0"], "error: epochs must be at least 1, got 0"),
+    ([], "matryoshka-lab fractal: error: the following arguments are required: --dataset"),
+])
+def test_fractal_argument_errors(tmp_path, args, message):
+    res = run("fractal", *args, "--out", str(tmp_path / "f.json"), "--no-progress")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(message), res.stderr
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_fractal_out_must_be_json(tmp_path):
+    res = run("fractal", "--dataset", "builtin_intents", "--out", str(tmp_path / "f.csv"))
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == f"error: --out must be a .json file, got {str(tmp_path / 'f.csv')!r}"
