@@ -35,7 +35,7 @@ __all__ = ['METHODS', 'PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'ma
            'Launched', 'launch']
 
 # %% ../nbs/08_trainer.ipynb #08c006
-METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic")
+METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic", "distill_nc")
 PAIR_OBJECTIVES = ("infonce", "cosent", "angle")
 
 @dataclass(frozen=True)
@@ -44,8 +44,11 @@ class TrainConfig:
     model: str = "embedded"                   # embedded, a model folder, a run directory or a Hub id
     data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA
     run_dir: str = "runs/mrl"                 # where config.json, metrics.jsonl, checkpoints/ and model/ go
-    method: str = "mrl"                       # base (no Matryoshka), mrl, 2dmse, ese, mipic, mic
-    loss_options: dict = field(default_factory=dict)   # mipic / mic: keyword arguments of their loss (ablations...)
+    method: str = "mrl"                       # base (no Matryoshka), mrl, 2dmse, ese, mipic, mic, distill_nc
+    loss_options: dict = field(default_factory=dict)   # mipic / mic / distill_nc: keyword arguments of their loss
+    teacher: str = "embedded"                 # distill_nc: the teacher model (name, folder, run directory or Hub id)
+    teacher_layer: int = -1                   # distill_nc: the teacher's hidden state (-1: last)
+    label_level: str | None = None            # distill_nc on a hierarchy task: the labels' level (default: the finest)
     objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
     train_task: str = "wiki_sents"            # any task; simcse uses its texts, pair objectives its (train) pairs
     dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims; 2DMSE draws d from those below D
@@ -89,8 +92,8 @@ class TrainConfig:
                   (self.temperature > 0, f"temperature must be positive, got {self.temperature}")]
         checks.append((isinstance(self.loss_options, dict),
                        f"loss_options must be a mapping of option names to values, got {self.loss_options!r}"))
-        checks.append((not self.loss_options or self.method in ("mipic", "mic"),
-                       f"loss_options apply to the mipic and mic methods, not {self.method!r}"))
+        checks.append((not self.loss_options or self.method in ("mipic", "mic", "distill_nc"),
+                       f"loss_options apply to the mipic, mic and distill_nc methods, not {self.method!r}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -144,13 +147,18 @@ class TrainData:
     text_a: list[str]
     text_b: list[str] | None = None
     target: np.ndarray | None = None
+    label: np.ndarray | None = None       # distill_nc: [N] integer class labels
+    teacher: np.ndarray | None = None     # distill_nc: [N, D_T] the teacher's embeddings, computed once before training
     def __len__(self): return len(self.text_a)
 
 def training_data(cfg: TrainConfig) -> TrainData:
     "The training texts of cfg.train_task for cfg.objective."
     task = load_task(cfg.train_task, cfg.data_dir)
     split = task.train if task.train is not None else task.test
-    if cfg.objective == "simcse":
+    if cfg.method == "distill_nc":   # labels and the teacher's cached embeddings (16_distill)
+        from matryoshka_lab.distill import distill_data
+        data = distill_data(cfg)
+    elif cfg.objective == "simcse":
         texts = split.text if hasattr(split, "text") else list(dict.fromkeys(split.sentence1 + split.sentence2))
         data = TrainData([t for t in texts if t.strip()])
     elif isinstance(split, STSData):
@@ -170,8 +178,8 @@ def training_data(cfg: TrainConfig) -> TrainData:
     return data
 
 # %% ../nbs/08_trainer.ipynb #08c012
-def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int):
-    "The Matryoshka loss of cfg.method over cfg.objective (mipic and mic: a module, see its `needs_tokens`)."
+def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None):
+    "The Matryoshka loss of cfg.method over cfg.objective (mipic, mic, distill_nc: a module; distill_nc reads `data`)."
     base = get_objective(cfg.objective)
     scale = 1.0 / cfg.temperature
     def objective(a, b, target=None):
@@ -189,14 +197,23 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int):
         return ESE(objective, compression_size=cfg.compression_size, kl_temperature=cfg.kl_temperature or 1.0)
     if cfg.method == "mipic":
         from matryoshka_lab.mipic import MIPIC as cls
-    else:
+    elif cfg.method == "mic":
         from matryoshka_lab.mic import MIC as cls
+    else:
+        from matryoshka_lab.distill import DistillLoss as cls
     import inspect
-    known = set(inspect.signature(cls).parameters) - {"objective", "dims", "hidden_size", "num_layers"}
+    known = set(inspect.signature(cls).parameters) - {"objective", "dims", "hidden_size", "num_layers", "teacher_dim",
+                                                      "n_classes"}
     unknown = sorted(set(cfg.loss_options) - known)
     if unknown:
         raise ValueError(f"unknown {cfg.method} loss option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                          f"known: {', '.join(sorted(known))}")
+    if cfg.method == "distill_nc":
+        if data is None or data.teacher is None or data.label is None:
+            raise ValueError("method distill_nc builds its loss from the training data (teacher embeddings and labels): "
+                             "pass data=training_data(cfg)")
+        return cls(dims, hidden_size, teacher_dim=data.teacher.shape[1], n_classes=int(data.label.max()) + 1,
+                   **cfg.loss_options)
     return cls(objective, dims=dims, hidden_size=hidden_size, num_layers=num_layers, **cfg.loss_options)
 
 # %% ../nbs/08_trainer.ipynb #08c012b
@@ -430,12 +447,15 @@ class Trainer:
         self.encoder = encoder or Encoder.from_pretrained(config.model, pooling=config.pooling)
         self.encoder.to(device)
         self.data = data or training_data(config)
-        self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers)
+        self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        flagged = [p for p in self.params if getattr(p, "no_weight_decay", False)]   # distill_nc's Householder signs
+        groups = [{"params": [p for p in self.params if not getattr(p, "no_weight_decay", False)]}]
+        groups += [{"params": flagged, "weight_decay": 0.0}] if flagged else []
+        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
         from transformers import get_scheduler
         name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[config.schedule]
         self.scheduler = get_scheduler(name, self.optimizer, num_warmup_steps=int(config.warmup_ratio * config.max_steps),
@@ -443,6 +463,9 @@ class Trainer:
         default_cbs = [CheckpointCallback(config.checkpoint_every, config.keep_checkpoints)]
         if config.eval_every >= 0:
             default_cbs.append(EvalCallback(config.eval_every))
+            if config.method == "distill_nc":   # NC1 of student and teacher on a held-out probe (16_distill)
+                from matryoshka_lab.distill import NC1Callback
+                default_cbs.append(NC1Callback(config.eval_every))
         self.callbacks = sorted(default_cbs if callbacks is None else callbacks, key=lambda c: c.order)
         self.step, self.out, self.log = 0, None, None
 
@@ -480,8 +503,11 @@ def _train_step(self) -> dict:
         texts_a = [data.text_a[i] for i in mine]
         texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in mine]
         target = None if data.target is None else torch.as_tensor(data.target[idx], device=enc.device)
+        if data.teacher is not None:   # distill_nc: the batch's precomputed teacher rows and labels
+            target = (torch.as_tensor(data.teacher[idx], device=enc.device), torch.as_tensor(data.label[idx], device=enc.device))
         with torch.autocast(enc.device.type, enabled=use_amp):
-            a, b = self._view(texts_a), self._view(texts_b)   # [L+1, B, D] each (token losses: EncoderOutput)
+            a = self._view(texts_a)                           # [L+1, B, D] (token losses: EncoderOutput)
+            b = a if getattr(self.loss_fn, "single_view", False) else self._view(texts_b)
             self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
         self._fire("after_loss")
         if not torch.isfinite(self.out.total):

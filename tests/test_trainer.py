@@ -123,6 +123,18 @@ class CancelAt(Callback):
             raise CancelFit
 
 
+def assert_stopped_run_resumes_like(ref, cfg, data, make_encoder, run):
+    "Stop a run at step 3, start it again on the same run_dir: its losses and loss parameters equal the uninterrupted ref's."
+    first = Trainer(make_config({**cfg, "run_dir": run}), encoder=make_encoder(), data=data, progress=False,
+                    callbacks=[CheckpointCallback(0), CancelAt(3)]).fit()
+    assert first.step == 3 and latest_checkpoint(run).name == "step_0000003"
+    second = Trainer(make_config({**cfg, "run_dir": run}), encoder=make_encoder(), data=data, progress=False).fit()
+    for p_ref, p_new in zip(ref.loss_module.parameters(), second.loss_module.parameters()):
+        torch.testing.assert_close(p_new, p_ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(losses(run).values), torch.tensor(losses(ref.config.run_dir).values),
+                               rtol=0, atol=1e-6)
+
+
 def test_a_loss_with_parameters_resumes_with_the_same_losses(tiny_encoder, tmp_path):
     "MIPIC's projections are trained with the encoder and travel in the checkpoint: stop at 3, resume, same losses."
     cfg = {"method": "mipic", "max_steps": 6, "batch_size": 4, "dims": [8, 16, 32], "eval_every": -1,
@@ -131,19 +143,11 @@ def test_a_loss_with_parameters_resumes_with_the_same_losses(tiny_encoder, tmp_p
     ref = Trainer(make_config({**cfg, "run_dir": str(tmp_path / "ref")}), encoder=tiny_encoder("bert"), data=data,
                   progress=False).fit()
     assert ref.loss_module is not None and any(p.requires_grad for p in ref.loss_module.parameters())
-    run = str(tmp_path / "run")
-    first = Trainer(make_config({**cfg, "run_dir": run}), encoder=tiny_encoder("bert"), data=data, progress=False,
-                    callbacks=[CheckpointCallback(0), CancelAt(3)]).fit()
-    assert first.step == 3 and latest_checkpoint(run).name == "step_0000003"
-    second = Trainer(make_config({**cfg, "run_dir": run}), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
-    for p_ref, p_new in zip(ref.loss_module.parameters(), second.loss_module.parameters()):
-        torch.testing.assert_close(p_new, p_ref, rtol=0, atol=1e-6)
-    torch.testing.assert_close(torch.tensor(losses(run).values), torch.tensor(losses(tmp_path / "ref").values),
-                               rtol=0, atol=1e-6)
+    assert_stopped_run_resumes_like(ref, cfg, data, lambda: tiny_encoder("bert"), str(tmp_path / "run"))
 
 
 def test_loss_options_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="loss_options apply to the mipic and mic methods, not 'mrl'"):
+    with pytest.raises(ValueError, match="loss_options apply to the mipic, mic and distill_nc methods, not 'mrl'"):
         make_config({"method": "mrl", "loss_options": {"alpha": 0.5}})
     from matryoshka_lab.trainer import make_loss
     with pytest.raises(ValueError, match="unknown mic loss option 'alpha'; known: "):
@@ -190,3 +194,53 @@ def test_config_errors(tmp_path):
     with pytest.raises(ValueError, match="objective 'cosent' needs scored pairs"):
         from matryoshka_lab.trainer import training_data
         training_data(make_config({"objective": "cosent", "train_task": "builtin_intents"}))
+
+
+class RecomputeDistill(Callback):
+    "After each loss: the same objective recomputed by hand from the batch's texts and its rows of the teacher table."
+    def __init__(self):
+        self.gaps = []
+    def after_loss(self, trainer):
+        idx = trainer._batch(trainer.step - 1)
+        data, enc = trainer.data, trainer.encoder
+        with torch.no_grad():   # the tiny models have no dropout: the forward is deterministic
+            student = enc(**enc.tokenize([data.text_a[i] for i in idx], trainer.config.max_length)).pooled[-1]
+            again = trainer.loss_fn.distill(student, torch.as_tensor(data.teacher[idx]), torch.as_tensor(data.label[idx]))
+        self.gaps.append(abs(again.total.item() - trainer.out.total.item()))
+
+
+def test_distill_nc_trains_with_orthonormal_projections_and_resumes(tiny_encoder, tmp_path):
+    "distill_nc on a tiny student: teacher rows looked up per batch, P P^T = I after training, a stopped run resumes exactly."
+    import numpy as np
+    rng = np.random.default_rng(0)
+    data = TrainData([f"request number {i} about topic {i % 4}" for i in range(40)], label=np.arange(40) % 4,
+                     teacher=rng.normal(size=(40, 48)).astype(np.float32))
+    cfg = {**load_config(ROOT / "configs" / "distill_nc.yaml").to_dict(),   # the shipped config, CPU-test sized
+           "max_steps": 6, "batch_size": 8, "dims": [8, 16, 32], "eval_every": -1, "checkpoint_every": 0, "lr": 1e-2}
+    assert cfg["method"] == "distill_nc" and cfg["loss_options"]["lambda_cls"] > 0
+    spy = RecomputeDistill()
+    ref = Trainer(make_config({**cfg, "run_dir": str(tmp_path / "ref")}), encoder=tiny_encoder("bert"), data=data,
+                  progress=False, callbacks=[CheckpointCallback(0), spy]).fit()
+    assert len(spy.gaps) == 6 and max(spy.gaps) < 1e-4, spy.gaps
+    distill = ref.loss_module.distill
+    init = Trainer(make_config({**cfg, "run_dir": str(tmp_path / "init")}), encoder=tiny_encoder("bert"), data=data,
+                   progress=False).loss_module.distill
+    for d, p, p0 in zip(distill.dims, distill.projections, init.projections):
+        assert (p.weight - p0.weight).abs().max() > 1e-3   # trained, and still row-orthonormal
+        torch.testing.assert_close(p.weight @ p.weight.T, torch.eye(d), rtol=0, atol=1e-5)
+    names = set(read_run(tmp_path / "ref").metrics.name)
+    assert {"d8/align", "d32/align", "align", "d8/cls", "d32/cls", "cls"} <= names
+
+    assert_stopped_run_resumes_like(ref, cfg, data, lambda: tiny_encoder("bert"), str(tmp_path / "run"))
+
+
+def test_distill_nc_config_errors(tmp_path):
+    from matryoshka_lab.trainer import make_loss, training_data
+    with pytest.raises(ValueError, match="distill_nc needs labels: a classification or hierarchy task, and 'builtin_sts' is sts"):
+        training_data(make_config({"method": "distill_nc", "train_task": "builtin_sts"}))
+    with pytest.raises(ValueError, match="builds its loss from the training data"):
+        make_loss(make_config({"method": "distill_nc"}), 384, 6)
+    import numpy as np
+    data = TrainData(["a", "b"], label=np.array([0, 1]), teacher=np.zeros((2, 64), np.float32))
+    with pytest.raises(ValueError, match="dim 384 exceeds the teacher's embedding size 64"):
+        make_loss(make_config({"method": "distill_nc"}), 384, 6, data)
