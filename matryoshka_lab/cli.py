@@ -131,10 +131,10 @@ def _num(x, spec: str = "+.3f") -> str:
 def _print_fractal(res: dict, out=sys.stdout) -> None:
     "Per condition: S mean +- sd and the k-NN accuracy at the shortest and full prefix; then V5 vs MRL."
     d0, dJ = res["dims"][0], res["dims"][-1]
-    print(f"\n{res['dataset']} ({res['levels'][0]} -> {res['levels'][1]}), seeds {res['seeds']}: steerability S (Eq. 1) "
-          f"and k-NN accuracy (L0 coarse, L1 fine) at {d0} and {dJ} dims", file=out)
+    print(f"\n{res['dataset']} ({' -> '.join(res['levels'])}), seeds {res['seeds']}: steerability S (Eq. 1) "
+          f"and k-NN accuracy (L0 coarsest .. L{len(res['levels']) - 1} finest) at {d0} and {dJ} dims", file=out)
     for c, s in res["summary"].items():
-        acc = "  ".join(f"{lv}@{d} {s['acc_mean'][lv][i]:.3f}" for lv in ("L0", "L1") for i, d in ((0, d0), (-1, dJ)))
+        acc = "  ".join(f"{lv}@{d} {s['acc_mean'][lv][i]:.3f}" for lv in s["acc_mean"] for i, d in ((0, d0), (-1, dJ)))
         print(f"  {c:10s} S {_num(s['S_mean'])} +- {_num(s['S_sd'], '.3f')}   {acc}", file=out)
     u = res.get("untrained")
     if u:

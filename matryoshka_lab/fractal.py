@@ -23,11 +23,13 @@ from .encoder import encode_cached
 from .eval import knn_grid
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'PAPER_SEEDS', 'prefix_dims', 'prefix_accuracy', 'steerability', 'steerability_auc', 'steerability_mono',
-           'steerability_gap', 'steerability_metrics', 'localisation', 'Supervision', 'swap_levels', 'supervision',
-           'FractalHead', 'block_keep_mask', 'fractal_loss', 'FractalConfig', 'project', 'train_head', 'encode_levels',
-           'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds',
-           'run_condition', 'run_fractal', 'runs_frame']
+__all__ = ['CONDITIONS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'prefix_dims', 'prefix_accuracy', 'steerability',
+           'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation',
+           'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'FractalHead', 'block_keep_mask',
+           'fractal_loss', 'FractalConfig', 'project', 'train_head', 'encode_levels', 'stratified_split',
+           'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds', 'run_condition',
+           'run_fractal', 'runs_frame', 'entropy_bits', 'conditional_entropy_bits', 'random_coarse', 'add_parent_level',
+           'synthetic_sweep', 'quadratic_fit']
 
 # %% ../nbs/15_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -37,10 +39,12 @@ def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
     return [dim // n_blocks * j for j in range(1, n_blocks + 1)]
 
 def prefix_accuracy(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_labels: dict,
-                    dims: list[int], k: int = 5) -> np.ndarray:
-    "k-NN (cosine) accuracy in [0, 1] per level (dict order) and prefix: index train [Ntr, D], queries test [Nte, D] -> [V, J] float64."
+                    dims: list[int], k: int = 5, metric: str = "knn_acc") -> np.ndarray:
+    "k-NN (cosine) accuracy (or `metric='recall@1'`, Table 7) in [0, 1] per level (dict order) and prefix: index train [Ntr, D], queries test [Nte, D] -> [V, J] float64."
+    if metric not in ("knn_acc", "recall@1"):
+        raise ValueError(f"metric must be 'knn_acc' or 'recall@1', got {metric!r}")
     grid = knn_grid(train[None].double(), train_labels, test[None].double(), test_labels, list(dims), k=k, recall_at=(1,))
-    return np.stack([grid[f"knn_acc_{level}"][0] / 100.0 for level in train_labels]).astype(np.float64)
+    return np.stack([grid[f"{metric}_{level}"][0] / 100.0 for level in train_labels]).astype(np.float64)
 
 # %% ../nbs/15_fractal.ipynb #15c009
 def _grid(acc) -> np.ndarray:
@@ -100,17 +104,31 @@ class Supervision:
     full: tuple
     prefix: tuple
 
-def swap_levels(sup: Supervision) -> Supervision:
-    "The same supervision with coarse (0) and fine (1) exchanged in every term: the inverted ablation of V5."
-    flip = lambda terms: tuple((1 - v, w) for v, w in terms)
+def swap_levels(sup: Supervision, n_levels: int = 2) -> Supervision:
+    "The same supervision with the level order reversed (v -> V-1-v) in every term: the inverted ablation of V5 (coarse <-> fine for V = 2)."
+    flip = lambda terms: tuple((n_levels - 1 - v, w) for v, w in terms)
     return Supervision(flip(sup.full), tuple(flip(t) for t in sup.prefix))
 
-def supervision(condition: str, alphas: tuple = (0.7, 0.3)) -> Supervision:
-    "The Supervision of `condition` for len(alphas) + 2 prefix blocks (alphas: alpha_2.. of Eq. 2)."
-    J, fine = len(alphas) + 2, ((1, 1.0),)
-    v5 = Supervision(fine, ((((0, 1.0),),) + tuple(((0, a), (1, 1.0 - a)) for a in alphas) + (fine,)))
-    table = {"v5": v5, "mrl": Supervision(fine, (fine,) * J), "inverted": swap_levels(v5),
-             "no_prefix": Supervision(fine, ()), "uhmt": Supervision(fine, (((0, 0.5), (1, 0.5)),) * J)}
+def interpolated_levels(n_blocks: int, n_levels: int) -> tuple:
+    "V5's prefix terms for V > 2 levels: block j sits at level position t = (j-1)(V-1)/(J-1), split linearly between its two neighbouring levels."
+    terms = []
+    for j in range(n_blocks):
+        t = j * (n_levels - 1) / (n_blocks - 1)
+        lo = min(int(math.floor(t + 1e-9)), n_levels - 1)
+        f = t - lo
+        terms.append(((lo, 1.0),) if f < 1e-9 else ((lo, 1.0 - f), (lo + 1, f)))
+    return tuple(terms)
+
+def supervision(condition: str, alphas: tuple = (0.7, 0.3), n_levels: int = 2) -> Supervision:
+    "The Supervision of `condition` for len(alphas) + 2 prefix blocks and n_levels levels (alphas: alpha_2.. of Eq. 2, used when V = 2)."
+    if n_levels < 2:
+        raise ValueError(f"a hierarchy needs at least 2 levels, got {n_levels}")
+    J, V = len(alphas) + 2, n_levels
+    fine = ((V - 1, 1.0),)
+    blends = (tuple(((0, a), (1, 1.0 - a)) for a in alphas) if V == 2 else interpolated_levels(J, V)[1:-1])
+    v5 = Supervision(fine, (((0, 1.0),),) + blends + (fine,))
+    table = {"v5": v5, "mrl": Supervision(fine, (fine,) * J), "inverted": swap_levels(v5, V),
+             "no_prefix": Supervision(fine, ()), "uhmt": Supervision(fine, (tuple((v, 1.0 / V) for v in range(V)),) * J)}
     if condition not in table:
         raise ValueError(f"unknown condition {condition!r}; conditions are {', '.join(CONDITIONS)}")
     return table[condition]
@@ -140,7 +158,7 @@ def block_keep_mask(batch: int, keep: tuple, dim: int, generator: torch.Generato
 # %% ../nbs/15_fractal.ipynb #15c025
 def fractal_loss(head: FractalHead, e: torch.Tensor, y: tuple, j: int, sup: Supervision,
                  prefix_weight: float = 0.6) -> tuple[torch.Tensor, dict]:
-    "Eq. 3 for one batch: sup.full on e [B, D] + prefix_weight * sup.prefix[j-1] on the j-th prefix; y = (y0 [B], y1 [B]) -> (total, parts)."
+    "Eq. 3 for one batch: sup.full on e [B, D] + prefix_weight * sup.prefix[j-1] on the j-th prefix; y = one label tensor [B] per level -> (total, parts)."
     J = max(len(sup.prefix), 1)
     d = e.shape[1] * j // J
     parts, total = {}, e.new_zeros(())
@@ -199,7 +217,7 @@ def project(head: FractalHead, h: torch.Tensor, batch: int = 4096) -> torch.Tens
     return torch.cat([head(h[s:s + batch].float()) for s in range(0, len(h), batch)]).double()
 
 def _levels(y: torch.Tensor) -> dict:
-    "Label dict {'L0': [N], 'L1': [N]} of integer labels y [2, N] (numpy, for knn_grid)."
+    "Label dict {'L0': [N], .., 'L{V-1}': [N]} of integer labels y [V, N] (numpy, for knn_grid)."
     return {f"L{v}": y[v].numpy() for v in range(y.shape[0])}
 
 def _new_head(cfg: FractalConfig, in_dim: int, n_classes: tuple) -> FractalHead:
@@ -211,8 +229,11 @@ def _new_head(cfg: FractalConfig, in_dim: int, n_classes: tuple) -> FractalHead:
 # %% ../nbs/15_fractal.ipynb #15c032
 def train_head(cfg: FractalConfig, train_h: torch.Tensor, train_y: torch.Tensor, val_h: torch.Tensor,
                val_y: torch.Tensor, n_classes: tuple, progress: bool = False) -> tuple[FractalHead, list[dict]]:
-    "Algorithm 1 on frozen vectors train_h [N, H] with labels train_y [2, N] (coarse, fine); best epoch by validation k-NN L0 + L1."
-    head, sup, g = _new_head(cfg, train_h.shape[1], n_classes), supervision(cfg.condition, cfg.alphas), torch.Generator().manual_seed(cfg.seed)
+    "Algorithm 1 on frozen vectors train_h [N, H] with labels train_y [V, N] (coarse .. fine); best epoch by validation k-NN L0 + .. + L{V-1}."
+    V = train_y.shape[0]
+    if len(n_classes) != V or val_y.shape[0] != V:
+        raise ValueError(f"train_y has {V} levels, val_y {val_y.shape[0]} and n_classes {len(n_classes)}: they must agree")
+    head, sup, g = _new_head(cfg, train_h.shape[1], n_classes), supervision(cfg.condition, cfg.alphas, V), torch.Generator().manual_seed(cfg.seed)
     n_batches = -(-len(train_h) // cfg.batch_size)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs * n_batches)
@@ -224,7 +245,7 @@ def train_head(cfg: FractalConfig, train_h: torch.Tensor, train_y: torch.Tensor,
             idx = order[s:s + cfg.batch_size]
             e = head(train_h[idx].float()) * block_keep_mask(len(idx), cfg.keep_probs, cfg.dim, g)
             j = int(torch.multinomial(probs, 1, generator=g)) + 1
-            loss, _ = fractal_loss(head, e, (train_y[0, idx], train_y[1, idx]), j, sup, cfg.prefix_weight)
+            loss, _ = fractal_loss(head, e, tuple(train_y[:, idx]), j, sup, cfg.prefix_weight)
             opt.zero_grad(); loss.backward()
             nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
             opt.step(); sched.step()
@@ -232,20 +253,23 @@ def train_head(cfg: FractalConfig, train_h: torch.Tensor, train_y: torch.Tensor,
         ev = project(head, val_h)
         val = prefix_accuracy(project(head, train_h), _levels(train_y), ev, _levels(val_y), [cfg.dim], cfg.k)[:, 0]
         with torch.no_grad():   # the classifiers themselves: coarse head on the first prefix, fine head on the full vector
-            hacc = [float((head.logits(ev.float(), v, d).argmax(1) == val_y[v]).double().mean()) for v, d in ((0, cfg.dims[0]), (1, cfg.dim))]
-        history.append({"epoch": epoch + 1, "loss": total / len(train_h), "val_L0": float(val[0]), "val_L1": float(val[1]),
-                        "val_score": float(val.sum()), "val_head_L0": hacc[0], "val_head_L1": hacc[1]})
+            hacc = {f"val_head_L{v}": float((head.logits(ev.float(), v, d).argmax(1) == val_y[v]).double().mean())
+                    for v, d in ((0, cfg.dims[0]), (V - 1, cfg.dim))}
+        history.append({"epoch": epoch + 1, "loss": total / len(train_h), **{f"val_L{v}": float(val[v]) for v in range(V)},
+                        "val_score": float(val.sum()), **hacc})
         if val.sum() > best[0]:
             best = (float(val.sum()), copy.deepcopy(head.state_dict()))
     head.load_state_dict(best[1])
     return head.eval(), history
 
 # %% ../nbs/15_fractal.ipynb #15c036
-def encode_levels(train: HierarchyData, test: HierarchyData) -> tuple:
-    "Integer labels [2, N] of the coarsest and finest levels of train and test (classes sorted by name): (train_y, test_y, levels, classes)."
+def encode_levels(train: HierarchyData, test: HierarchyData, levels: tuple | str | None = None) -> tuple:
+    "Integer labels [V, N] of train and test (classes sorted by name) -> (train_y, test_y, levels, classes); levels: None = (coarsest, finest), 'all', or names."
     if len(train.levels) < 2:
         raise ValueError(f"fractal training needs a hierarchy with at least 2 levels, got {train.levels}")
-    levels = (train.levels[0], train.levels[-1])
+    levels = ((train.levels[0], train.levels[-1]) if levels is None else tuple(train.levels) if levels == "all" else tuple(levels))
+    if len(levels) < 2 or not set(levels) <= set(train.levels):
+        raise ValueError(f"levels must be at least 2 of {train.levels} (coarse to fine), got {levels}")
     ytr, yte, classes = [], [], []
     for level in levels:
         names, inv = np.unique(np.concatenate([train.labels[level], test.labels[level]]).astype(str), return_inverse=True)
@@ -270,13 +294,13 @@ def backbone_vectors(model: str | Path, texts: list[str], cache_dir: str | Path 
 
 @dataclass
 class FractalData:
-    "A hierarchy task on a frozen backbone: vectors h [N, H] and integer labels y [2, N] (coarse, fine) of train and test."
+    "A hierarchy task on a frozen backbone: vectors h [N, H] and integer labels y [V, N] (coarse .. fine) of train and test."
     name: str
     train_h: torch.Tensor
     train_y: torch.Tensor
     test_h: torch.Tensor
     test_y: torch.Tensor
-    levels: tuple                                  # (coarse level name, fine level name)
+    levels: tuple                                  # level names, coarse to fine
     classes: tuple                                 # class names per level, index = integer label
 
     @property
@@ -285,14 +309,14 @@ class FractalData:
 
 # %% ../nbs/15_fractal.ipynb #15c039
 def fractal_data(model: str | Path, dataset: str, data_dir: str | Path | None = None,
-                 cache_dir: str | Path | None = None, progress: bool = True) -> FractalData:
-    "The hierarchy task `dataset` (load_task) with its texts embedded once by the frozen `model`."
+                 cache_dir: str | Path | None = None, progress: bool = True, levels: tuple | str | None = None) -> FractalData:
+    "The hierarchy task `dataset` (load_task) with its texts embedded once by the frozen `model`; `levels` as in encode_levels."
     from matryoshka_lab.data import task_spec
     kind = task_spec(dataset).kind
     if kind != "hierarchy":
         raise ValueError(f"task {dataset!r} is of kind {kind!r}: fractal training needs a hierarchy task (coarse and fine labels)")
     task = load_task(dataset, data_dir)
-    train_y, test_y, levels, classes = encode_levels(task.train, task.test)
+    train_y, test_y, levels, classes = encode_levels(task.train, task.test, levels)
     h = backbone_vectors(model, list(task.train.text) + list(task.test.text), cache_dir, progress)
     n = len(task.train)
     return FractalData(dataset, h[:n], train_y, h[n:], test_y, levels, classes)
@@ -303,7 +327,7 @@ def seed_split(data: FractalData, seed: int, val_frac: float = 0.1, max_train: i
     rng = np.random.default_rng(seed)
     pick = lambda n, cap: np.sort(rng.choice(n, cap, replace=False)) if cap is not None and cap < n else np.arange(n)
     pool, test = pick(len(data.train_h), max_train), pick(len(data.test_h), max_test)
-    kept, held = stratified_split(data.train_y[1, pool].numpy(), val_frac, seed)
+    kept, held = stratified_split(data.train_y[-1, pool].numpy(), val_frac, seed)
     return {"train": pool[kept], "val": pool[held], "test": test}
 
 # %% ../nbs/15_fractal.ipynb #15c042
@@ -328,24 +352,26 @@ def run_condition(cfg: FractalConfig, data: FractalData, split: dict, progress: 
     etr, ete = project(head, data.train_h[tr]), project(head, data.test_h[te])
     ytr, yte = _levels(data.train_y[:, tr]), _levels(data.test_y[:, te])
     acc = prefix_accuracy(etr, ytr, ete, yte, cfg.dims, cfg.k)
+    recall = prefix_accuracy(etr, ytr, ete, yte, cfg.dims, cfg.k, metric="recall@1")
     best = max(history, key=lambda r: r["val_score"])
     return {"condition": cfg.condition, "seed": cfg.seed, **steerability_metrics(acc),
-            "acc": {"L0": acc[0].tolist(), "L1": acc[1].tolist()},
+            "acc": {lv: a.tolist() for lv, a in zip(ytr, acc)}, "recall1": {lv: a.tolist() for lv, a in zip(ytr, recall)},
             "localisation": localisation(etr, ytr, ete, yte, cfg.dims[0], cfg.k),
             "best_epoch": best["epoch"], "val_score": best["val_score"],
-            "val_head": {"L0": best["val_head_L0"], "L1": best["val_head_L1"]}, "history": history}
+            "val_head": {k[len("val_head_"):]: v for k, v in best.items() if k.startswith("val_head_")}, "history": history}
 
 # %% ../nbs/15_fractal.ipynb #15c043
 def _summary(runs: list[dict], conditions: list[str]) -> dict:
-    "Per condition: per-seed S, S mean / sd (ddof 1), the variants' means and the mean accuracy per level and prefix."
+    "Per condition: per-seed S, S mean / sd (ddof 1), the variants' means and the mean accuracy and recall@1 per level and prefix."
     out = {}
     for c in conditions:
         rs = [r for r in runs if r["condition"] == c]
         S = np.array([r["S"] for r in rs], dtype=np.float64)
         out[c] = {"S": S.tolist(), "S_mean": float(S.mean()), "S_sd": float(S.std(ddof=1)) if len(S) > 1 else math.nan,
                   **{f"{m}_mean": float(np.mean([r[m] for r in rs])) for m in ("S_AUC", "S_mono", "S_gap")},
-                  "acc_mean": {lv: np.mean([r["acc"][lv] for r in rs], axis=0).tolist() for lv in ("L0", "L1")},
-                  "val_head_mean": {lv: float(np.mean([r["val_head"][lv] for r in rs])) for lv in ("L0", "L1")},
+                  **{f"{key}_mean": {lv: np.mean([r[key][lv] for r in rs], axis=0).tolist() for lv in rs[0][key]}
+                     for key in ("acc", "recall1")},
+                  "val_head_mean": {lv: float(np.mean([r["val_head"][lv] for r in rs])) for lv in rs[0]["val_head"]},
                   "best_epochs": [r["best_epoch"] for r in rs]}
     return out
 
@@ -414,17 +440,87 @@ def run_fractal(model: str | Path = "embedded", data_dir: str | Path | None = No
                       "config": base, "split": {"val_frac": val_frac, "split_seed": split_seed, "max_train": max_train,
                                                 "max_test": max_test, "n_train": len(split["train"]),
                                                 "n_val": len(split["val"]), "n_test": len(split["test"])},
-                      "backbone_acc": dict(zip(("L0", "L1"), np.mean(backbone, axis=0).tolist())),
+                      "backbone_acc": dict(zip(ytr, np.mean(backbone, axis=0).tolist())),
                       "untrained": {"S": [steerability_metrics(a)["S"] for a in untrained],
-                                    "acc_mean": dict(zip(("L0", "L1"), np.mean(untrained, axis=0).tolist()))},
+                                    "acc_mean": dict(zip(ytr, np.mean(untrained, axis=0).tolist()))},
                       "runs": runs, "summary": summary, "stats": _paired_stats(summary)})
 
 def runs_frame(result: dict) -> pd.DataFrame:
-    "One row per (condition, seed): S, S_AUC, S_mono, S_gap and L0@d / L1@d per prefix length."
+    "One row per (condition, seed): S, S_AUC, S_mono, S_gap and the accuracy of every level at every prefix length (L0@64 ..)."
     rows = []
     for r in result["runs"]:
         row = {k: r[k] for k in ("condition", "seed", "S", "S_AUC", "S_mono", "S_gap", "best_epoch")}
-        for lv in ("L0", "L1"):
-            row |= {f"{lv}@{d}": a for d, a in zip(result["dims"], r["acc"][lv])}
+        for lv, acc in r["acc"].items():
+            row |= {f"{lv}@{d}": a for d, a in zip(result["dims"], acc)}
         rows.append(row)
     return pd.DataFrame(rows)
+
+# %% ../nbs/15_fractal.ipynb #742979bd
+CLINC_SUPER_DOMAINS = {"banking": "finance", "credit_cards": "finance", "home": "home_life", "kitchen_and_dining": "home_life",
+                       "travel": "travel_transport", "auto_and_commute": "travel_transport", "work": "productivity",
+                       "utility": "productivity", "small_talk": "conversation", "meta": "conversation"}
+
+def entropy_bits(y) -> float:
+    "Shannon entropy in bits of the empirical distribution of labels y [N]."
+    _, counts = np.unique(np.asarray(y), return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+def conditional_entropy_bits(fine, coarse) -> float:
+    "H(fine | coarse) in bits = H(coarse, fine) - H(coarse), labels [N] each (any comparable values)."
+    c = np.unique(np.asarray(coarse), return_inverse=True)[1].ravel()
+    f, n_f = (lambda u: (u[1].ravel(), len(u[0])))(np.unique(np.asarray(fine), return_inverse=True))
+    return entropy_bits(c * n_f + f) - entropy_bits(c)
+
+def random_coarse(data: FractalData, k0: int, seed: int) -> FractalData:
+    "Sec. 6.2: the finest level kept, the coarse level replaced by a seeded random partition of its classes into k0 groups of equal size (+-1)."
+    K1 = data.n_classes[-1]
+    if not 2 <= k0 < K1:
+        raise ValueError(f"k0 must be in 2..{K1 - 1} (the finest level has {K1} classes), got {k0}")
+    group = np.empty(K1, dtype=np.int64)
+    for g, members in enumerate(np.array_split(np.random.default_rng(seed).permutation(K1), k0)):
+        group[members] = g
+    parent = torch.as_tensor(group)
+    relabel = lambda y: torch.stack([parent[y[-1]], y[-1]])
+    return FractalData(f"{data.name}/K0={k0}", data.train_h, relabel(data.train_y), data.test_h, relabel(data.test_y),
+                       (f"random{k0}", data.levels[-1]), (np.array([f"group{g}" for g in range(k0)]), data.classes[-1]))
+
+def add_parent_level(data: FractalData, parent_of: dict, name: str) -> FractalData:
+    "A coarser level `name` on top of data's coarsest one: parent_of maps each of its class names to a parent name."
+    missing = [str(c) for c in data.classes[0] if c not in parent_of]
+    if missing:
+        raise ValueError(f"parent_of has no parent for {len(missing)} {data.levels[0]} classes: {', '.join(missing[:5])}")
+    names, idx = np.unique([parent_of[c] for c in data.classes[0]], return_inverse=True)
+    idx = torch.as_tensor(idx.ravel())
+    stack = lambda y: torch.cat([idx[y[0]][None], y])
+    return FractalData(data.name, data.train_h, stack(data.train_y), data.test_h, stack(data.test_y),
+                       (name,) + tuple(data.levels), (names,) + tuple(data.classes))
+
+# %% ../nbs/15_fractal.ipynb #68e6ecc9
+def synthetic_sweep(data: FractalData, k0s=(2, 3, 5, 10, 15, 25, 50, 75), seeds=3, conditions=("v5", "mrl"),
+                    progress: bool = True, **kw) -> pd.DataFrame:
+    "Table 5: run_fractal on random_coarse(data, K0, seed) for every K0 and seed -> one row per (K0, seed, condition) with H(L0), H(L1|L0), S and the grids."
+    seeds, rows = fractal_seeds(seeds), []
+    bar = tqdm(total=len(k0s) * len(seeds), desc=f"synthetic {data.name}", disable=not progress)
+    for k0 in k0s:
+        for s in seeds:
+            syn = random_coarse(data, k0, s)
+            res = run_fractal(dataset=syn, seeds=[s], conditions=conditions, progress=False, **kw)
+            info = {"K0": k0, "seed": s, "H_L0": entropy_bits(syn.train_y[0]),
+                    "H_L1_given_L0": conditional_entropy_bits(syn.train_y[1], syn.train_y[0]), "branch": syn.n_classes[1] / k0}
+            for r in res["runs"]:
+                rows.append({**info, **{k: r[k] for k in ("condition", "S", "S_AUC", "S_mono")},
+                             **{f"{lv}@{d}": a for lv, acc in r["acc"].items() for d, a in zip(res["dims"], acc)}})
+            bar.update(1); bar.set_postfix(K0=k0, seed=s, S=" ".join(f"{r['S']:+.3f}" for r in res["runs"]))
+    bar.close()
+    return pd.DataFrame(rows)
+
+def quadratic_fit(x, y) -> dict:
+    "Least-squares y = a x^2 + b x + c and its R^2 (x, y [N], N >= 3); the vertex x* = -b / 2a."
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) != len(y) or len(x) < 3:
+        raise ValueError(f"need >= 3 paired points, got {len(x)} x and {len(y)} y")
+    a, b, c = np.polyfit(x, y, 2)
+    resid = y - np.polyval((a, b, c), x)
+    return {"a": float(a), "b": float(b), "c": float(c), "r2": float(1 - (resid ** 2).sum() / ((y - y.mean()) ** 2).sum()),
+            "vertex": float(-b / (2 * a)) if a != 0 else math.nan}
