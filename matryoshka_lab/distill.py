@@ -193,7 +193,7 @@ def _nc1_before_fit(self, trainer) -> None:
         self.measure(trainer)
 
 def _nc1_measure(self, trainer) -> torch.Tensor:
-    "Log (and return) the student's NC1 grid [L+1, dims] on the probe at trainer.step."
+    "Log (and return) the student's NC1 grid [L+1, dims] on the probe at trainer.step; for a distillation loss also max |P P^T - I| per subnet."
     from matryoshka_lab.core import parse_dims
     cfg, enc = trainer.config, trainer.encoder
     dims = parse_dims(cfg.eval_dims or list(cfg.dims), enc.hidden_size)
@@ -202,6 +202,11 @@ def _nc1_measure(self, trainer) -> torch.Tensor:
     for layer, row in enumerate(grid.tolist()):
         trainer.log.log_many(trainer.step, {f"nc1/L{layer}/d{d}": v for d, v in zip(dims, row)}, split="eval")
     trainer.log.save_array("nc1", trainer.step, grid.numpy())
+    distill = getattr(trainer.loss_fn, "distill", None)
+    if distill is not None:                         # row-orthonormality of every projection, logged with NC1
+        with torch.no_grad():
+            trainer.log.log_many(trainer.step, {f"orth/d{d}": float((p.weight @ p.weight.T - torch.eye(d, device=p.weight.device)).abs().max())
+                                                for d, p in zip(distill.dims, distill.projections)}, split="eval")
     return grid
 
 def _nc1_after_step(self, trainer) -> None:
