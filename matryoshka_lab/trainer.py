@@ -75,6 +75,7 @@ class TrainConfig:
     eval_tasks: tuple = ("stsb_dev",)            # evaluated every eval_every steps and at the end
     eval_layers: str = "all"
     eval_dims: str | None = None              # default: dims
+    diagnostics_every: int = -1               # -1: off; 0: budget mode (<= 5% of training time); N: every N steps
     device: str | None = None                 # default: CUDA when present
     amp: bool = True                          # mixed precision on CUDA (ignored on CPU)
 
@@ -89,7 +90,9 @@ class TrainConfig:
                   (self.grad_accum >= 1, f"grad_accum must be at least 1, got {self.grad_accum}"),
                   (self.lr > 0, f"lr must be positive, got {self.lr}"),
                   (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
-                  (self.temperature > 0, f"temperature must be positive, got {self.temperature}")]
+                  (self.temperature > 0, f"temperature must be positive, got {self.temperature}"),
+                  (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
+                                                 f"number of steps, got {self.diagnostics_every}")]
         checks.append((isinstance(self.loss_options, dict),
                        f"loss_options must be a mapping of option names to values, got {self.loss_options!r}"))
         checks.append((not self.loss_options or self.method in ("mipic", "mic", "distill_nc"),
@@ -466,6 +469,9 @@ class Trainer:
             if config.method == "distill_nc":   # NC1 of student and teacher on a held-out probe (16_distill)
                 from matryoshka_lab.distill import NC1Callback
                 default_cbs.append(NC1Callback(config.eval_every))
+        if config.diagnostics_every >= 0:   # geometry of a fixed probe, within a time budget at 0 (18_diagnostics)
+            from matryoshka_lab.diagnostics import DiagnosticsCallback
+            default_cbs.append(DiagnosticsCallback(config.diagnostics_every))
         self.callbacks = sorted(default_cbs if callbacks is None else callbacks, key=lambda c: c.order)
         self.step, self.out, self.log = 0, None, None
 
@@ -530,7 +536,7 @@ Trainer.train_step = _train_step
 
 # %% ../nbs/08_trainer.ipynb #08c023
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "device")   # what may differ when a run is resumed
+                     "eval_layers", "eval_dims", "diagnostics_every", "device")   # what may differ when a run is resumed
 
 def _fit(self, resume: bool = True) -> "Trainer":
     "Train to cfg.max_steps, resuming from the run directory's latest checkpoint when there is one."
