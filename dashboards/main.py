@@ -1,82 +1,44 @@
-"""matryoshka_lab workbench dashboard (first version): browse layer x dim grids written under the runs root.
+"""matryoshka_lab workbench: live run monitor, snapshots, compare runs, grid browser.
 
-    panel serve dashboards/ --address 127.0.0.1 --port 5006
+    panel serve dashboards/ --address 127.0.0.1 --port 5006        # then open http://127.0.0.1:5006/dashboards
 
-Runs are found under $MATRYOSHKA_LAB_RUNS (default ./runs): every grid.csv below it (the demo writes
-runs/demo/grid.csv; `matryoshka-lab eval --out runs/NAME/grid.csv` adds more). Read-only; imports no torch.
+`panel serve DIR` serves this folder as one directory app (main.py, helpers beside it in workbench.py). Runs are
+found under $MATRYOSHKA_LAB_RUNS (default ./runs): every folder below it holding metrics.jsonl, config.json or
+grid.csv, never anything outside it. `?run=NAME` in the address opens that run. Read-only; imports no torch.
+Localhost only, unless told otherwise: `panel serve` without --address listens on every interface, so a session
+from a non-loopback client is refused unless $MATRYOSHKA_LAB_ALLOW_REMOTE=1 (bokeh's default websocket-origin
+allowlist, localhost:PORT, refuses other Host headers as well). Pass --address 127.0.0.1 to not listen at all.
 """
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
-import pandas as pd
 import panel as pn
 
-from matryoshka_lab.plots import grid_table, headline, plot_grid
-
-RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
-COLUMNS = ["task", "layer", "dim", "metric", "value"]
-
-
-def runs_root() -> Path:
-    return Path(os.environ.get(RUNS_ENV) or "runs").resolve()
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # the helpers beside this file
+from workbench import (PERIOD_MS, RUNS_ENV, SLOW_EVERY, STEP_CLASS, Workbench, build_app,  # noqa: E402,F401
+                       client_allowed, find_grids, read_grid, runs_root)
 
 
-def find_grids(root: Path) -> dict[str, Path]:
-    "grid.csv files under root, by their path relative to root; anything resolving outside root is ignored."
-    if not root.is_dir():
-        return {}
-    found = {}
-    for path in sorted(root.rglob("grid.csv")):
-        real = path.resolve()
-        if real.is_file() and real.is_relative_to(root):   # no symlinks leading out of the runs root
-            found[str(path.relative_to(root))] = real
-    return found
+def _query_run() -> str | None:
+    args = getattr(pn.state, "session_args", None) or {}
+    vals = args.get("run") or []
+    return vals[0].decode("utf-8", "replace") if vals else None
 
 
-def read_grid(path: Path) -> pd.DataFrame:
-    "A grid CSV, or an empty frame with the right columns when it is missing, partial or malformed."
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError):
-        return pd.DataFrame(columns=COLUMNS)
-    if list(df.columns) != COLUMNS:
-        return pd.DataFrame(columns=COLUMNS)
-    return df.dropna(subset=["task", "layer", "dim", "metric"])
-
-
-def build_app(root: Path | None = None) -> pn.Column:
-    root = root or runs_root()
-    grids = find_grids(root)
-    title = pn.pane.Markdown(f"# matryoshka_lab: layer x dim grids\nRuns root: `{root}`")
-    if not grids:
-        return pn.Column(title, pn.pane.Markdown(
-            f"No `grid.csv` under the runs root yet. Run `matryoshka-lab demo` (writes runs/demo/grid.csv) or "
-            f"`matryoshka-lab eval ... --out runs/NAME/grid.csv`, or set ${RUNS_ENV}."))
-    run = pn.widgets.Select(label="Grid", options=list(grids))
-    pair = pn.widgets.Select(label="Task / metric")
-    state = {"df": pd.DataFrame(columns=COLUMNS)}
-
-    def load(_=None):
-        state["df"] = read_grid(grids[run.value])
-        options = [f"{t} / {m}" for t, m in sorted(set(zip(state["df"].task, state["df"].metric)))]
-        heads = [f"{t} / {m}" for t, m in headline(state["df"])] if len(state["df"]) else []
-        pair.options = options
-        pair.value = heads[0] if heads else (options[0] if options else None)
-
-    def view(choice, _run):
-        if not choice:
-            return pn.pane.Markdown("This grid file is empty or malformed.")
-        task, metric = choice.split(" / ")
-        return pn.Row(pn.pane.Plotly(plot_grid(state["df"], task, metric)),
-                      pn.pane.DataFrame(grid_table(state["df"], task, metric).round(2), width=420))
-
-    run.param.watch(load, "value")
-    load()
-    return pn.Column(title, pn.Row(run, pair), pn.bind(view, pair, run))
+def _client_ip() -> str | None:
+    ctx = getattr(pn.state.curdoc, "session_context", None)
+    request = getattr(getattr(ctx, "request", None), "_request", None)
+    return getattr(request, "remote_ip", None)
 
 
 if __name__.startswith("bokeh"):
     pn.extension("plotly")
-    build_app().servable(title="matryoshka_lab")
+    if client_allowed(_client_ip()):
+        wb = build_app(runs_root(), _query_run())
+        pn.state.add_periodic_callback(wb.tick, period=PERIOD_MS)
+        wb.layout.servable(title="matryoshka_lab workbench")
+    else:
+        pn.pane.Markdown("Refused: this workbench answers local clients only (set MATRYOSHKA_LAB_ALLOW_REMOTE=1 "
+                         "on the server to allow others).").servable(title="matryoshka_lab workbench")

@@ -1,14 +1,34 @@
-"""The first dashboard: builds from a runs root, ignores what it must, and serves on localhost."""
+"""The dashboards: the Panel-free core against naive re-reads, path safety, edge cases, and a real browser test.
+
+The browser test needs Debian's chromium and Playwright for Python; it is skipped without them unless
+MATRYOSHKA_LAB_REQUIRE_BROWSER=1 (set by .ci/run), in which case it fails. Screenshots go to tests/artifacts/.
+"""
+import contextlib
 import importlib.util
+import json
+import math
 import os
+import random
+import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from conftest import ROOT
+from matryoshka_lab.dashboard import MetricsTail, load_snapshot, resolve_run, run_file, safe_runs
+from matryoshka_lab.runs import RunLog, parse_metrics
+
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def load_dashboard():
@@ -24,6 +44,147 @@ def write_grid(path):
     pd.DataFrame(rows, columns=["task", "layer", "dim", "metric", "value"]).to_csv(path, index=False)
 
 
+def write_run(path, steps=range(1, 6), nan_at=3, snapshots=True, config=None):
+    "A small run: loss and parts (one NaN), an eval metric, and diagnostics snapshots."
+    log = RunLog(path, config=config or {"dims": [2, 4, 8]})
+    rng = np.random.default_rng(0)
+    for s in steps:
+        log.log_many(s, {"loss": 1 / s, "mrl": float("nan") if s == nan_at else 2 / s, "L2/d4/info_nce": 0.5 / s})
+        log.log(s, "stsb_dev/L2/d4/spearman", 60 + s, split="eval")
+        if snapshots:
+            log.save_array("diag_variance", s, rng.random((3, 8)))
+            log.save_array("diag_xcorr", s, rng.uniform(-1, 1, (2, 6)))
+            log.save_array("diag_cka_layers", s, rng.random((3, 3)))
+            log.save_array("nc1", s, rng.random((3, 3)))
+    log.close()
+    return path
+
+
+def naive(text):
+    "What re-reading the whole file shows: parse_metrics, in MetricsTail.frame's layout."
+    df = parse_metrics(text)[["split", "name", "step", "value"]]
+    return df.sort_values(["split", "name", "step"], ignore_index=True)
+
+
+def assert_same(tail, text):
+    a = tail.frame().sort_values(["split", "name", "step"], ignore_index=True)
+    b = naive(text)
+    assert a[["split", "name", "step"]].astype(str).values.tolist() == b[["split", "name", "step"]].astype(str).values.tolist()
+    np.testing.assert_array_equal(a.value.to_numpy(float), b.value.to_numpy(float))
+
+
+# ---- the core against naive re-reads ----
+def test_tail_matches_full_reread_at_any_cut(tmp_path):
+    "The file grows in random byte-sized pieces (lines cut anywhere, garbage, NaN); after every poll the tail equals a re-read."
+    rng = random.Random(0)
+    lines = []
+    for step in range(1, 120):
+        for name in ("loss", "L1/d4/x"):
+            v = rng.choice([rng.random(), None, float("nan")]) if step % 7 == 0 else rng.random()
+            lines.append(json.dumps({"step": step, "time": step / 10, "split": "train", "name": name, "value": v}))
+        if step % 17 == 0:
+            lines.append('{"step": oops')
+    text = "\n".join(lines) + "\n"
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("")
+    tail, pos = MetricsTail(path), 0
+    while pos < len(text):
+        cut = min(len(text), pos + rng.randint(1, 300))
+        with open(path, "a") as f:
+            f.write(text[pos:cut])
+        pos = cut
+        tail.poll()
+        written = text[:pos]
+        assert_same(tail, written[:written.rfind("\n") + 1])     # the incomplete last line waits for its newline
+        assert tail.offset == written.rfind("\n") + 1
+    assert tail.bad == 119 // 17 and tail.last_step == 119
+
+
+def test_tail_survives_truncation_replacement_and_deletion(tmp_path):
+    path = write_run(tmp_path / "run", snapshots=False) / "metrics.jsonl"
+    tail = MetricsTail(path)
+    tail.poll()
+    full = path.read_text()
+    path.write_text(full[: len(full) // 3])                        # truncated below the offset: start again
+    tail.poll()
+    cut = path.read_text()
+    assert_same(tail, cut[: cut.rfind("\n") + 1])
+    assert tail.restarts == 1
+    path.unlink()                                                   # deleted: quiet, keeps what it had
+    assert tail.poll() == 0 and tail.missing
+    assert len(tail.frame()) > 0
+    path.write_text(full)                                           # written again: read from byte 0
+    tail.poll()
+    assert_same(tail, full)
+    assert not tail.missing
+
+
+def test_tail_100k_lines_initial_read_and_one_tick(tmp_path):
+    "100k lines: the first poll equals a full re-read on the exact latest values, memory stays bounded, a tick reads only new lines."
+    path = tmp_path / "metrics.jsonl"
+    names = [f"L{l}/d{d}/info_nce" for l in (2, 4, 6) for d in (16, 32, 64, 128)] + ["loss"]
+    with open(path, "w") as f:
+        for i in range(100_000):
+            step, name = divmod(i, len(names))
+            value = None if i % 997 == 0 else (i % 1000) / 1000
+            f.write(json.dumps({"step": step, "time": i / 100, "split": "train", "name": names[name], "value": value}) + "\n")
+    tail = MetricsTail(path, max_points=2000)
+    assert tail.poll() == 100_000 and tail.offset == path.stat().st_size
+    df = parse_metrics(path.read_text())
+    want = df.sort_values("step").groupby("name").tail(1).set_index("name")
+    got = tail.latest().loc["train"]
+    assert sorted(got.index) == sorted(want.index)
+    np.testing.assert_array_equal(got.loc[want.index, "value"].to_numpy(), want["value"].to_numpy())
+    np.testing.assert_array_equal(got.loc[want.index, "step"].to_numpy(), want["step"].to_numpy())
+    for (_, name), s in tail.series.items():                        # thinned by the documented rule
+        n = int((df.name == name).sum())
+        stride = 1
+        while math.ceil(n / stride) > 2000:
+            stride *= 2
+        assert s.stride == stride > 1 and len(s.steps) == math.ceil(n / stride) <= 2000
+        np.testing.assert_array_equal(np.frombuffer(s.steps, np.int64), df[df.name == name].step.to_numpy()[::stride])
+    with open(path, "a") as f:
+        for k in range(10):
+            f.write(json.dumps({"step": 10_000 + k, "split": "train", "name": "loss", "value": 0.5}) + "\n")
+    size_before = tail.offset
+    assert tail.poll() == 10 and tail.offset - size_before == len(path.read_bytes()) - size_before
+    assert tail.series[("train", "loss")].last == (10_009, 0.5) and tail.last_step == 10_009
+
+
+# ---- path safety ----
+def test_runs_root_refuses_traversal_and_symlinks(tmp_path):
+    root = (tmp_path / "runs")
+    write_run(root / "sweep" / "mrl", snapshots=False)
+    write_run(tmp_path / "outside", snapshots=False)
+    (root / "escape").symlink_to(tmp_path / "outside")             # a symlinked directory leading out
+    (root / "fake").mkdir()
+    (root / "fake" / "metrics.jsonl").symlink_to(tmp_path / "outside" / "metrics.jsonl")
+    (root / "loop").symlink_to(root / "loop")                      # a symlink loop
+    assert safe_runs(root) == ["sweep/mrl"]
+    for bad in ["..", "../outside", "sweep/../../outside", str(tmp_path / "outside"), "escape", "", "loop"]:
+        with pytest.raises(ValueError):
+            resolve_run(root, bad)
+    with pytest.raises(ValueError, match="leads outside"):
+        run_file(root, "fake", "metrics.jsonl")
+    wb = load_dashboard().build_app(root, run="../outside")       # a run asked for by URL must be a listed one
+    assert wb.picker.value == "sweep/mrl"
+    wb.open_run("escape")
+    assert wb.tail is None and "refused" in wb.status.object
+    np.save(root / "sweep" / "mrl" / "evil.npy", np.array([object()], dtype=object))
+    (root / "sweep" / "mrl" / "arrays" / "x").mkdir(parents=True)
+    shutil.copy(root / "sweep" / "mrl" / "evil.npy", root / "sweep" / "mrl" / "arrays" / "x" / "step_0000001.npy")
+    with pytest.raises(ValueError, match="allow_pickle"):            # nothing is ever unpickled
+        load_snapshot(root / "sweep" / "mrl", "x", 1)
+
+
+def test_only_local_clients_by_default():
+    allowed = load_dashboard().client_allowed
+    assert allowed("127.0.0.1", {}) and allowed("::1", {})
+    assert not allowed("192.168.1.5", {}) and not allowed(None, {}) and not allowed("garbage", {})
+    assert allowed("192.168.1.5", {"MATRYOSHKA_LAB_ALLOW_REMOTE": "1"})
+
+
+# ---- the app builds and ticks on what a runs root may hold ----
 def test_finds_grids_and_refuses_escapes(tmp_path):
     dash = load_dashboard()
     root = tmp_path / "runs"
@@ -33,7 +194,7 @@ def test_finds_grids_and_refuses_escapes(tmp_path):
     (root / "sneaky" / "grid.csv").symlink_to(tmp_path / "outside" / "grid.csv")
     assert list(dash.find_grids(root.resolve())) == ["demo/grid.csv"]
     app = dash.build_app(root.resolve())
-    assert "layer x dim" in app[0].object
+    assert "workbench" in app.layout[0].object and app.picker.options == ["demo"]
 
 
 def test_bad_files_do_not_crash(tmp_path):
@@ -44,29 +205,168 @@ def test_bad_files_do_not_crash(tmp_path):
     bad.write_text("not,a,grid\n1,2,3\n")
     assert dash.read_grid(bad).empty
     assert dash.read_grid(tmp_path / "missing.csv").empty
-    empty_root = tmp_path / "none"
-    assert "No `grid.csv`" in dash.build_app(empty_root)[1].object
+    wb = dash.build_app(tmp_path / "none")
+    assert "No runs under the runs root" in wb.layout[0].object
+    wb.tick()
+    assert wb.step.object == "step -"
 
 
-def test_panel_serve_answers_on_localhost(tmp_path):
-    write_grid(tmp_path / "runs" / "demo" / "grid.csv")
+def test_app_on_empty_nan_halfwritten_and_deleted_runs(tmp_path):
+    dash = load_dashboard()
+    root = tmp_path / "runs"
+    (root / "empty").mkdir(parents=True)
+    (root / "empty" / "config.json").write_text("{}")                # a run that has not logged anything
+    write_run(root / "live")
+    with open(root / "live" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "time": 1.0, "split": "train", "na')     # half-written last line
+    wb = dash.build_app(root, run="empty")
+    assert wb.step.object == "step -" and "missing" in wb.status.object
+    wb.tick()
+    wb.picker.value = "live"
+    assert wb.step.object == "step 5" and "loss" in wb.train_choice.value
+    assert "stsb_dev/L2/d4/spearman" in wb.eval_choice.value
+    mrl = [tr for tr in wb.train_plot.object.data if tr.name == "mrl"][0]
+    assert np.isnan(np.asarray(mrl.y, float)).sum() == 1               # the NaN is a gap, not a crash
+    assert wb.array_select.options == ["diag_cka_layers", "diag_variance", "diag_xcorr", "nc1"]
+    assert list(wb.snap_slider.options) == [1, 2, 3, 4, 5] and wb.snap_slider.value == 5
+    for name in wb.array_select.options:
+        wb.array_select.value = name
+        assert "step 5" in wb.snap_plot.object.layout.title.text
+    wb.snap_slider.value = 2
+    assert "step 2" in wb.snap_plot.object.layout.title.text
+    with open(root / "live" / "metrics.jsonl", "a") as f:
+        f.write('ue": 1}\n{"step": 7, "time": 1.0, "split": "train", "name": "loss", "value": NaN}\n')
+    wb.tick()
+    assert wb.step.object == "step 7"
+    wb.cmp_runs.value = ["live", "empty"]
+    wb.cmp_pattern.value = "loss"
+    assert "Δ empty" in wb.cmp_table.object
+    shutil.rmtree(root / "live")                                        # deleted while open
+    for _ in range(dash.SLOW_EVERY + 1):
+        wb.tick()
+    assert "missing" in wb.status.object and "error" not in wb.status.object
+    assert wb.step.object == "step 7" and "live" in wb.picker.options
+    wb.compare()
+
+
+def test_dashboard_imports_no_torch():
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('m', 'dashboards/main.py'); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.build_app('/nonexistent'); "
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "False"
+
+
+# ---- the server ----
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MATRYOSHKA_LAB_RUNS": str(tmp_path / "runs")}
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve(runs, port):
+    env = {**os.environ, "MATRYOSHKA_LAB_RUNS": str(runs)}
     proc = subprocess.Popen(["panel", "serve", "dashboards/", "--address", "127.0.0.1", "--port", str(port),
                              "--allow-websocket-origin", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         body, deadline = None, time.time() + 60
-        while time.time() < deadline and body is None:
+        while time.time() < deadline and body is None and proc.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards", timeout=10) as r:
                     body = r.read().decode()
             except OSError:
                 time.sleep(0.5)
         assert body is not None, proc.stderr.read1().decode()[-2000:] if proc.poll() is not None else "no answer"
-        assert "matryoshka_lab" in body
+        yield body
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_panel_serve_answers_on_localhost(tmp_path):
+    write_grid(tmp_path / "runs" / "demo" / "grid.csv")
+    with serve(tmp_path / "runs", free_port()) as body:
+        assert "matryoshka_lab" in body
+
+
+# ---- the real browser ----
+def browser_or_skip():
+    missing = []
+    if not Path(CHROMIUM).exists():
+        missing.append("Debian's chromium (apt-get install chromium chromium-driver)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("Playwright for Python (pip install playwright)")
+    if missing:
+        msg = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("MATRYOSHKA_LAB_REQUIRE_BROWSER") == "1":
+            pytest.fail(msg + " (MATRYOSHKA_LAB_REQUIRE_BROWSER=1)")
+        pytest.skip(msg)
+
+
+def shown(locator) -> str:
+    "Text of a Panel pane: its content lives in the element's shadow root."
+    return locator.evaluate("e => (e.shadowRoot ? e.shadowRoot.textContent : '') + e.textContent")
+
+
+WRITER = """
+import sys, time
+from matryoshka_lab.runs import RunLog
+log = RunLog(sys.argv[1])
+log.log_many(int(sys.argv[2]), {"loss": 0.01, "mrl": float("nan")})
+log.close()
+print(time.time(), flush=True)
+"""
+
+
+def test_browser_shows_new_step_within_2s(tmp_path):
+    "Headless Chromium has the page open; another process writes a step; the page shows it within 2 seconds."
+    browser_or_skip()
+    from playwright.sync_api import sync_playwright
+    runs = tmp_path / "runs"
+    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    write_run(runs / "other", steps=range(1, 4), snapshots=False)
+    with open(runs / "other" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "na')                                  # half-written last line
+    write_grid(runs / "live" / "grid.csv")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with serve(runs, port), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)   # a new empty profile
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
+            step = page.locator(".ml-step")
+            step.wait_for(timeout=60_000)
+            page.locator("select").first.select_option("other")     # the run picker
+            deadline = time.time() + 20
+            while "step 3" not in shown(step) and time.time() < deadline:
+                time.sleep(0.1)
+            assert "step 3" in shown(step)
+            page.locator("select").first.select_option("live")
+            deadline = time.time() + 20
+            while "step 5" not in shown(step) and time.time() < deadline:
+                time.sleep(0.1)
+            assert "step 5" in shown(step)
+            res = subprocess.run([sys.executable, "-c", WRITER, str(runs / "live"), "42"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
+            assert res.returncode == 0, res.stderr
+            written = float(res.stdout.split()[-1])
+            while "step 42" not in shown(step) and time.time() - written < 5:
+                time.sleep(0.02)
+            seen = time.time() - written
+            assert "step 42" in shown(step), shown(step)
+            assert seen <= 2.0, f"the new step appeared {seen:.2f} s after it was written"
+            time.sleep(1.2)                                          # let the curves redraw (at most once a second)
+            page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
+            for tab in ("Snapshots", "Compare", "Grids"):
+                page.get_by_text(tab, exact=True).first.click()
+                time.sleep(1.5)
+                page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
+            print(f"new step shown {seen:.3f} s after the write")
+        finally:
+            browser.close()
