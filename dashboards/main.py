@@ -2,23 +2,21 @@
 
     panel serve dashboards/ --address 127.0.0.1 --port 5006        # then open http://127.0.0.1:5006/dashboards
 
-`panel serve DIR` serves this folder as one directory app (main.py, helpers beside it in workbench.py). Runs are
-found under $MATRYOSHKA_LAB_RUNS (default ./runs): every folder below it holding metrics.jsonl, config.json or
-grid.csv, never anything outside it. `?run=NAME` in the address opens that run. Read-only; imports no torch.
-Localhost only, unless told otherwise: `panel serve` without --address listens on every interface, so a session
-from a non-loopback client is refused unless $MATRYOSHKA_LAB_ALLOW_REMOTE=1 (bokeh's default websocket-origin
-allowlist, localhost:PORT, refuses other Host headers as well). Pass --address 127.0.0.1 to not listen at all.
+`panel serve DIR` serves this folder as one directory app; the views live in the library, matryoshka_lab.workbench
+(nbs/20_workbench.ipynb), which also shows them inline in a notebook: `from matryoshka_lab.workbench import show;
+show("runs", "demo")`. Runs are found under $MATRYOSHKA_LAB_RUNS (default ./runs): every folder below it holding
+metrics.jsonl, config.json or grid.csv, never anything outside it. `?run=NAME` in the address opens that run.
+Read-only; imports no torch. Localhost only, unless told otherwise: `panel serve` without --address listens on every
+interface, so a session from a non-loopback client is refused unless $MATRYOSHKA_LAB_ALLOW_REMOTE=1 (bokeh's default
+websocket-origin allowlist, localhost:PORT, refuses other Host headers as well). Pass --address 127.0.0.1 to not
+listen at all.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import panel as pn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))    # the helpers beside this file
-from workbench import (PERIOD_MS, RUNS_ENV, SLOW_EVERY, STEP_CLASS, Workbench, build_app,  # noqa: E402,F401
-                       client_allowed, find_grids, read_grid, runs_root)
+from matryoshka_lab.dashboard import runs_root
+from matryoshka_lab.workbench import PERIOD_MS, build_app, client_allowed
 
 
 def _query_run() -> str | None:

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars
+
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'safe_runs', 'parse_record',
            'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'compare_frame',
@@ -251,14 +253,6 @@ def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.l
 GRIDS = {"diag_erank": "effective rank", "diag_cv": "coefficient of variation", "diag_cka_prefix": "CKA(prefix, full)",
          "diag_uniformity": "uniformity", "nc1": "NC1 (within / between class)"}   # [L+1, K] arrays
 
-def _heatmap(z, x, y, title, x_title, y_title, **kw):
-    import plotly.graph_objects as go
-    z = np.asarray(z, dtype=np.float64)
-    fig = go.Figure(go.Heatmap(z=z, x=[str(v) for v in x], y=[str(v) for v in y], **kw))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, xaxis_type="category",
-                      yaxis_type="category", height=380, width=560)
-    return fig
-
 def _labels(n: int, dims) -> list:
     return list(dims) if dims is not None and len(dims) == n else list(range(n))
 
@@ -266,31 +260,21 @@ def _labels(n: int, dims) -> list:
 def snapshot_figure(name: str, a: np.ndarray, dims=None,   # dims: the run's prefix sizes (config["dims"])
                     layer: int = -1, step: int | None = None):
     "Plotly figure of snapshot `name`: variance spectrum of `layer`, correlation or CKA heatmap, [L+1, K] grid, or a plain view."
-    import plotly.graph_objects as go
     a = np.asarray(a, dtype=np.float64)
-    at = "" if step is None else f" (step {step})"
     if name == "diag_variance" and a.ndim == 2 and len(a):
-        v = a[layer]
-        fig = go.Figure(go.Bar(x=np.arange(1, len(v) + 1), y=v, marker_color="#4c78a8", name="v_j"))
-        for d in [d for d in (dims or []) if 0 < d <= len(v)]:
-            fig.add_vline(x=d + 0.5, line_dash="dash", line_color="red", annotation_text=str(d), annotation_position="top")
-        fig.update_layout(title=f"variance per dimension, layer {range(len(a))[layer]}{at}", xaxis_title="dimension j",
-                          yaxis_title="variance v_j", bargap=0, height=360, width=720, showlegend=False)
-        return fig
-    if name == "diag_xcorr" and a.ndim == 2:
-        d, r = a.shape
-        fig = _heatmap(a, range(d + 1, d + r + 1), range(1, d + 1), f"prefix (d = {d}) vs residual correlation{at}",
-                       "residual dimension", "prefix dimension", colorscale="RdBu", zmid=0, zmin=-1, zmax=1)
-        return fig.update_layout(xaxis_type="linear", yaxis_type="linear", yaxis_autorange="reversed", width=620)
-    if name == "diag_cka_layers" and a.ndim == 2:
-        return _heatmap(a, range(a.shape[1]), range(a.shape[0]), f"linear CKA between layers{at}", "layer", "layer",
-                        colorscale="Viridis", zmin=min(0.0, float(np.nanmin(a, initial=0.0))), zmax=1,
-                        text=np.round(a, 2), texttemplate="%{text}")
-    if a.ndim == 2:
-        return _heatmap(a, _labels(a.shape[1], dims), range(a.shape[0]), f"{GRIDS.get(name, name)}{at}", "prefix dim d",
-                        "layer", colorscale="Viridis", text=np.round(a, 2), texttemplate="%{text}")
-    fig = go.Figure(go.Scatter(y=a.ravel(), mode="lines+markers"))
-    return fig.update_layout(title=f"{name} {a.shape}{at}", height=360, width=620)
+        fig = spectrum_bars(a[layer], dims, title=f"variance per dimension, layer {range(len(a))[layer]}")
+    elif name == "diag_xcorr" and a.ndim == 2:
+        fig = correlation_heatmap(a)
+    elif name == "diag_cka_layers" and a.ndim == 2:
+        fig = cka_heatmap(a, title="linear CKA between layers")
+    elif a.ndim == 2:
+        fig = heatmap(a, _labels(a.shape[1], dims), range(a.shape[0]), GRIDS.get(name, name), "prefix dim d", "layer",
+                      colorscale="Viridis")
+    else:
+        import plotly.graph_objects as go
+        fig = go.Figure(go.Scatter(y=a.ravel(), mode="lines+markers")).update_layout(title=f"{name} {a.shape}",
+                                                                                     height=360, width=620)
+    return fig if step is None else fig.update_layout(title=f"{fig.layout.title.text} (step {step})")
 
 # %% ../nbs/19_dashboard.ipynb #19c035
 def fractal_results(run_dir: str | Path, max_bytes: int = 16 << 20) -> dict[str, dict]:
@@ -312,14 +296,11 @@ def fractal_results(run_dir: str | Path, max_bytes: int = 16 << 20) -> dict[str,
 
 def steerability_curves(result: dict, condition: str):
     "Mean accuracy of each level against prefix length for one condition of a Fractal result, mean S in the title."
-    import plotly.graph_objects as go
     summ = result["summary"].get(condition, {})
-    acc, dims = summ.get("acc_mean", {}), list(result["dims"])
+    acc, s = summ.get("acc_mean", {}), summ.get("S_mean")
     names = dict(zip([f"L{i}" for i in range(len(result["levels"]))], result["levels"]))
-    fig = go.Figure([go.Scatter(x=dims, y=v, mode="lines+markers", name=names.get(k, k)) for k, v in acc.items()])
-    s = summ.get("S_mean")
-    return fig.update_layout(title=f"{condition}: accuracy per level vs prefix length" + ("" if s is None else f", S = {s:+.3f}"),
-                             xaxis_title="prefix length d", yaxis_title="accuracy", height=380, width=560)
+    return level_curves(list(acc.values()), result["dims"], [names.get(k, k) for k in acc],
+                        f"{condition}: accuracy per level vs prefix length" + ("" if s is None else f", S = {s:+.3f}"))
 
 # %% ../nbs/19_dashboard.ipynb #19c038
 def figure_html(fig) -> bytes:

@@ -19,6 +19,7 @@ from .data import Task, load_task
 from .distill import nc1, nc1_grid          # NC1 lives with its paper (nbs/16); re-exported for callbacks
 from .fractal import steerability_metrics
 from .losses import _check_dims, _check_size
+from .plots import cka_heatmap, correlation_heatmap, level_curves, spectrum_bars   # torch-free figures
 from .trainer import Callback
 
 # %% auto #0
@@ -97,15 +98,9 @@ def _vector(v, name: str) -> torch.Tensor:
 def variance_spectrum_figure(var, boundaries: Sequence[int] | None = None, log_y: bool = False,
                              title: str = "variance per dimension"):
     "Bars of a variance spectrum var [D] over dimensions 1..D, nested prefix boundaries as dashed lines (mic.txt Fig. 1)."
-    import plotly.graph_objects as go
     v = _vector(var, "var").cpu().numpy()
     dims = () if boundaries is None else _prefixes(boundaries, len(v))
-    fig = go.Figure(go.Bar(x=np.arange(1, len(v) + 1), y=v, marker_color="#4c78a8", name="v_j"))
-    for d in dims:
-        fig.add_vline(x=d + 0.5, line_dash="dash", line_color="red", annotation_text=str(d), annotation_position="top")
-    fig.update_layout(title=title, xaxis_title="dimension j", yaxis_title="variance v_j", bargap=0,
-                      yaxis_type="log" if log_y else "linear", height=360, width=720, showlegend=False)
-    return fig
+    return spectrum_bars(v, dims, log_y, title)
 
 # %% ../nbs/18_diagnostics.ipynb #18c016
 def prefix_eigenspectrum(x, dims: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -176,18 +171,8 @@ def cross_correlation_summary(c) -> dict[str, float]:
 
 # %% ../nbs/18_diagnostics.ipynb #18c030
 def cross_correlation_figure(c, title: str | None = None):
-    "Heatmap of a prefix/residual correlation matrix c [d, D - d] (mic.txt Fig. 2) on a fixed [-1, 1] scale."
-    import plotly.graph_objects as go
-    m = _matrix(c, "c", min_rows=1)
-    d, r = m.shape
-    s = cross_correlation_summary(m)
-    fig = go.Figure(go.Heatmap(z=m.cpu().numpy(), x=np.arange(d + 1, d + r + 1), y=np.arange(1, d + 1),
-                               colorscale="RdBu", zmid=0, zmin=-1, zmax=1, colorbar=dict(title="r")))
-    fig.update_layout(title=title or f"prefix (d = {d}) vs residual correlation: mean |r| = {s['mean_abs']:.3f}, "
-                                     f"max |r| = {s['max_abs']:.3f}, RMS = {s['rms']:.3f}",
-                      xaxis_title="residual dimension", yaxis_title="prefix dimension",
-                      yaxis_autorange="reversed", height=380, width=620)
-    return fig
+    "Heatmap of a prefix/residual correlation matrix c [d, D - d] (mic.txt Fig. 2) on a fixed [-1, 1] scale, summaries in the title."
+    return correlation_heatmap(_matrix(c, "c", min_rows=1).cpu().numpy(), title)
 
 # %% ../nbs/18_diagnostics.ipynb #18c033
 def _norm(a: torch.Tensor) -> torch.Tensor:
@@ -257,17 +242,7 @@ def cka_prefix_full(h, dims: Sequence[int], debiased: bool = False) -> torch.Ten
 def cka_figure(m, x_labels: Sequence | None = None, y_labels: Sequence | None = None, title: str = "linear CKA",
                x_title: str = "layer", y_title: str = "layer"):
     "Heatmap of a CKA matrix m [R, C] (cka_layers [L, L] or cka_prefix_full [L, K]) with row/column labels (default 0..R-1, 0..C-1)."
-    import plotly.graph_objects as go
-    z = _matrix(m, "m", min_rows=1).cpu().numpy()
-    xl = [str(c) for c in (range(z.shape[1]) if x_labels is None else x_labels)]
-    yl = [str(r) for r in (range(z.shape[0]) if y_labels is None else y_labels)]
-    if (len(yl), len(xl)) != z.shape:
-        raise ValueError(f"m has shape {z.shape} but the labels give ({len(yl)}, {len(xl)})")
-    fig = go.Figure(go.Heatmap(z=z, x=xl, y=yl, colorscale="Viridis", zmin=min(0.0, float(z.min())), zmax=1,
-                               text=np.round(z, 2), texttemplate="%{text}", colorbar=dict(title="CKA")))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, xaxis_type="category",
-                      yaxis_type="category", height=380, width=520)
-    return fig
+    return cka_heatmap(_matrix(m, "m", min_rows=1).cpu().numpy(), x_labels, y_labels, title, x_title, y_title)
 
 # %% ../nbs/18_diagnostics.ipynb #18c048
 def _unit(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -309,20 +284,15 @@ def prefix_alignment_uniformity(x, y, dims: Sequence[int], alpha: float = 2.0, t
 def steerability_figure(acc, dims: Sequence[int], levels: Sequence[str] | None = None,
                         title: str = "accuracy per level vs prefix length"):
     "Lines of acc [V, J] (fractal.prefix_accuracy: row 0 coarse .. last fine) against the prefix sizes dims [J], S, S_AUC, S_mono in the title."
-    import plotly.graph_objects as go
     m = steerability_metrics(acc)                       # checks acc: [V >= 2, J >= 2], finite
     a = np.asarray(acc, dtype=np.float64)
     dims = list(_check_dims(dims))
-    levels = [f"L{v}" for v in range(len(a))] if levels is None else [str(l) for l in levels]
     if len(dims) != a.shape[1]:
         raise ValueError(f"acc has {a.shape[1]} prefixes (columns) but dims has {len(dims)}")
-    if len(levels) != a.shape[0]:
+    if levels is not None and len(levels) != a.shape[0]:
         raise ValueError(f"acc has {a.shape[0]} levels (rows) but levels has {len(levels)}")
-    fig = go.Figure([go.Scatter(x=dims, y=a[v], mode="lines+markers", name=levels[v]) for v in range(len(a))])
-    fig.update_layout(title=f"{title}<br><sup>S = {m['S']:+.3f}, S_AUC = {m['S_AUC']:+.3f}, S_mono = {m['S_mono']:.2f}</sup>",
-                      xaxis_title="prefix length d", yaxis_title="accuracy", xaxis=dict(tickmode="array", tickvals=dims),
-                      height=380, width=560)
-    return fig
+    return level_curves(a, dims, levels, f"{title}<br><sup>S = {m['S']:+.3f}, S_AUC = {m['S_AUC']:+.3f}, "
+                                         f"S_mono = {m['S_mono']:.2f}</sup>")
 
 # %% ../nbs/18_diagnostics.ipynb #18c060
 def grid_frame(grid, dims: Sequence[int], layers: Sequence[int] | None = None, metric: str = "value",

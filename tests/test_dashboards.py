@@ -1,10 +1,10 @@
-"""The dashboards: the Panel-free core against naive re-reads, path safety, edge cases, and a real browser test.
+"""The dashboards: the Panel-free core against naive re-reads, path safety, edge cases, and real browser tests of the
+served workbench and of the same workbench inline in a JupyterLab notebook (matryoshka_lab.workbench.show).
 
-The browser test needs Debian's chromium and Playwright for Python; it is skipped without them unless
-MATRYOSHKA_LAB_REQUIRE_BROWSER=1 (set by .ci/run), in which case it fails. Screenshots go to tests/artifacts/.
+The browser tests need Debian's chromium and Playwright for Python; they are skipped without them unless
+MATRYOSHKA_LAB_REQUIRE_BROWSER=1 (set by .ci/run), in which case they fail. Screenshots go to tests/artifacts/.
 """
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
+from matryoshka_lab import workbench as dash
 from matryoshka_lab.dashboard import MetricsTail, load_snapshot, resolve_run, run_file, safe_runs
 from matryoshka_lab.runs import RunLog, parse_metrics
 
@@ -29,13 +30,6 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def load_dashboard():
-    spec = importlib.util.spec_from_file_location("dash_main", ROOT / "dashboards" / "main.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def write_grid(path):
@@ -166,7 +160,7 @@ def test_runs_root_refuses_traversal_and_symlinks(tmp_path):
             resolve_run(root, bad)
     with pytest.raises(ValueError, match="leads outside"):
         run_file(root, "fake", "metrics.jsonl")
-    wb = load_dashboard().build_app(root, run="../outside")       # a run asked for by URL must be a listed one
+    wb = dash.build_app(root, run="../outside")       # a run asked for by URL must be a listed one
     assert wb.picker.value == "sweep/mrl"
     wb.open_run("escape")
     assert wb.tail is None and "refused" in wb.status.object
@@ -178,7 +172,7 @@ def test_runs_root_refuses_traversal_and_symlinks(tmp_path):
 
 
 def test_only_local_clients_by_default():
-    allowed = load_dashboard().client_allowed
+    allowed = dash.client_allowed
     assert allowed("127.0.0.1", {}) and allowed("::1", {})
     assert not allowed("192.168.1.5", {}) and not allowed(None, {}) and not allowed("garbage", {})
     assert allowed("192.168.1.5", {"MATRYOSHKA_LAB_ALLOW_REMOTE": "1"})
@@ -186,7 +180,6 @@ def test_only_local_clients_by_default():
 
 # ---- the app builds and ticks on what a runs root may hold ----
 def test_finds_grids_and_refuses_escapes(tmp_path):
-    dash = load_dashboard()
     root = tmp_path / "runs"
     write_grid(root / "demo" / "grid.csv")
     write_grid(tmp_path / "outside" / "grid.csv")
@@ -198,7 +191,6 @@ def test_finds_grids_and_refuses_escapes(tmp_path):
 
 
 def test_bad_files_do_not_crash(tmp_path):
-    dash = load_dashboard()
     bad = tmp_path / "grid.csv"
     bad.write_text("task,layer,dim,metric,value\nstsb,0,16,spearman,5")   # half-written last line
     assert len(dash.read_grid(bad)) == 1
@@ -212,7 +204,6 @@ def test_bad_files_do_not_crash(tmp_path):
 
 
 def test_app_on_empty_nan_halfwritten_and_deleted_runs(tmp_path):
-    dash = load_dashboard()
     root = tmp_path / "runs"
     (root / "empty").mkdir(parents=True)
     (root / "empty" / "config.json").write_text("{}")                # a run that has not logged anything
@@ -266,24 +257,38 @@ def free_port():
 
 
 @contextlib.contextmanager
-def serve(runs, port):
-    env = {**os.environ, "MATRYOSHKA_LAB_RUNS": str(runs)}
-    proc = subprocess.Popen(["panel", "serve", "dashboards/", "--address", "127.0.0.1", "--port", str(port),
-                             "--allow-websocket-origin", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def running(cmd, url, log, env=None):
+    "Start a server process (its output into the file log), yield the body of url once it answers, then stop it."
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        body, deadline = None, time.time() + 60
+        body, deadline = None, time.time() + 90
         while time.time() < deadline and body is None and proc.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards", timeout=10) as r:
+                with urllib.request.urlopen(url, timeout=10) as r:
                     body = r.read().decode()
             except OSError:
                 time.sleep(0.5)
-        assert body is not None, proc.stderr.read1().decode()[-2000:] if proc.poll() is not None else "no answer"
+        assert body is not None, Path(log).read_text(errors="replace")[-2000:]
         yield body
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def serve(runs, port):
+    "`panel serve dashboards/` on localhost, runs under `runs`."
+    cmd = ["panel", "serve", "dashboards/", "--address", "127.0.0.1", "--port", str(port),
+           "--allow-websocket-origin", f"127.0.0.1:{port}"]
+    return running(cmd, f"http://127.0.0.1:{port}/dashboards", Path(runs).parent / "panel.log",
+                   {**os.environ, "MATRYOSHKA_LAB_RUNS": str(runs)})
+
+
+def jupyter_lab(folder, port):
+    "JupyterLab on localhost serving `folder` (token t)."
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--IdentityProvider.token=t", f"--ServerApp.root_dir={folder}", "--allow-root"]
+    return running(cmd, f"http://127.0.0.1:{port}/api?token=t", Path(folder) / "lab.log")
 
 
 def test_panel_serve_answers_on_localhost(tmp_path):
@@ -323,6 +328,27 @@ print(time.time(), flush=True)
 """
 
 
+def wait_shown(locator, text, seconds=20):
+    deadline = time.time() + seconds
+    while text not in shown(locator) and time.time() < deadline:
+        time.sleep(0.1)
+    assert text in shown(locator), shown(locator)
+
+
+def seconds_to_show(step, run_dir, n) -> float:
+    "Another process writes step n into run_dir; seconds until the step pane shows it (at most 2 allowed)."
+    res = subprocess.run([sys.executable, "-c", WRITER, str(run_dir), str(n)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    written = float(res.stdout.split()[-1])
+    while f"step {n}" not in shown(step) and time.time() - written < 5:
+        time.sleep(0.02)
+    seen = time.time() - written
+    assert f"step {n}" in shown(step), shown(step)
+    assert seen <= 2.0, f"the new step appeared {seen:.2f} s after it was written"
+    return seen
+
+
 def test_browser_shows_new_step_within_2s(tmp_path):
     "Headless Chromium has the page open; another process writes a step; the page shows it within 2 seconds."
     browser_or_skip()
@@ -343,24 +369,10 @@ def test_browser_shows_new_step_within_2s(tmp_path):
             step = page.locator(".ml-step")
             step.wait_for(timeout=60_000)
             page.locator("select").first.select_option("other")     # the run picker
-            deadline = time.time() + 20
-            while "step 3" not in shown(step) and time.time() < deadline:
-                time.sleep(0.1)
-            assert "step 3" in shown(step)
+            wait_shown(step, "step 3")
             page.locator("select").first.select_option("live")
-            deadline = time.time() + 20
-            while "step 5" not in shown(step) and time.time() < deadline:
-                time.sleep(0.1)
-            assert "step 5" in shown(step)
-            res = subprocess.run([sys.executable, "-c", WRITER, str(runs / "live"), "42"], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=120)
-            assert res.returncode == 0, res.stderr
-            written = float(res.stdout.split()[-1])
-            while "step 42" not in shown(step) and time.time() - written < 5:
-                time.sleep(0.02)
-            seen = time.time() - written
-            assert "step 42" in shown(step), shown(step)
-            assert seen <= 2.0, f"the new step appeared {seen:.2f} s after it was written"
+            wait_shown(step, "step 5")
+            seen = seconds_to_show(step, runs / "live", 42)
             time.sleep(1.2)                                          # let the curves redraw (at most once a second)
             page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
             for tab in ("Snapshots", "Compare", "Grids"):
@@ -368,5 +380,39 @@ def test_browser_shows_new_step_within_2s(tmp_path):
                 time.sleep(1.5)
                 page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
             print(f"new step shown {seen:.3f} s after the write")
+        finally:
+            browser.close()
+
+
+NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0", "metadata": {}, "outputs": [],
+                       "source": "from matryoshka_lab.workbench import show\nshow({root!r}, 'live')"}],
+            "metadata": {"kernelspec": {"display_name": "python3", "language": "python", "name": "python3"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_notebook_shows_new_step_within_2s(tmp_path):
+    "JupyterLab in headless Chromium runs show() in a notebook (no internet needed); a step written by another process shows within 2 s."
+    browser_or_skip()
+    from playwright.sync_api import sync_playwright
+    runs = tmp_path / "runs"
+    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    nb = {**NOTEBOOK, "cells": [{**NOTEBOOK["cells"][0], "source": NOTEBOOK["cells"][0]["source"].format(root=str(runs))}]}
+    (tmp_path / "workbench.ipynb").write_text(json.dumps(nb))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/lab/tree/workbench.ipynb?token=t", timeout=120_000)
+            page.locator(".jp-Notebook .jp-Cell").first.click(timeout=120_000)
+            page.keyboard.press("Shift+Enter")                       # runs once the kernel is up
+            step = page.locator(".ml-step")
+            step.wait_for(timeout=120_000)
+            wait_shown(step, "step 5")
+            seen = seconds_to_show(step, runs / "live", 42)
+            time.sleep(1.2)
+            page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
+            print(f"new step shown in the notebook {seen:.3f} s after the write")
         finally:
             browser.close()
