@@ -16,7 +16,7 @@ import torch
 
 from .core import parse_dims
 from .data import Task, load_task
-from .distill import nc1, nc1_grid          # NC1 lives with its paper (nbs/16); re-exported for callbacks
+from .distill import nc1, nc1_grid, probe_indices   # NC1 lives with its paper (nbs/16); re-exported for callbacks
 from .fractal import steerability_metrics
 from .losses import _check_dims, _check_size
 from .plots import cka_heatmap, correlation_heatmap, level_curves, spectrum_bars   # torch-free figures
@@ -359,10 +359,7 @@ def probe_texts(task: Task, size: int, seed: int = 0) -> list[str]:
     texts = [t for t in texts if t.strip()]
     if len(texts) < 2:
         raise ValueError(f"task {task.name!r} has {len(texts)} non-empty probe texts; diagnostics need at least 2")
-    if len(texts) > size:                                       # NC1Callback.probe_set's draw (nbs/16)
-        keep = np.sort(np.random.default_rng(seed).choice(len(texts), size, replace=False))
-        texts = [texts[i] for i in keep]
-    return texts
+    return [texts[i] for i in probe_indices(len(texts), size, seed)]   # NC1Callback.probe_set's draw (nbs/16)
 
 # %% ../nbs/18_diagnostics.ipynb #18c077
 @dataclass

@@ -20,7 +20,7 @@ from .trainer import Callback, TrainConfig, TrainData
 
 # %% auto #0
 __all__ = ['semi_orthogonal', 'MatryoshkaDistill', 'class_means', 'nc1', 'nc1_grid', 'labelled_texts', 'teacher_embeddings',
-           'distill_data', 'DistillLoss', 'NC1Callback']
+           'distill_data', 'DistillLoss', 'probe_indices', 'NC1Callback']
 
 # %% ../nbs/16_distill.ipynb #16c006
 class _Matrix(nn.Module):
@@ -167,6 +167,12 @@ class DistillLoss(nn.Module):
         return self.distill(a[-1], teacher, labels)
 
 # %% ../nbs/16_distill.ipynb #16c036
+def probe_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
+    "Sorted row indices [min(n, size)] of a seeded sample without replacement from range(n); all rows when n <= size."
+    if n <= size:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
+
 class NC1Callback(Callback):
     "NC1 of the student's layer x prefix grid on a fixed held-out probe every `every` steps (0: start and end), the teacher's once."
     order = 15
@@ -176,10 +182,8 @@ class NC1Callback(Callback):
     def probe_set(self, cfg: TrainConfig) -> tuple[list[str], np.ndarray]:
         "Texts and label names of cfg.train_task's test split at cfg.label_level, a seeded sample of at most max_probe."
         texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), cfg.label_level, split="test")
-        if len(texts) > self.max_probe:
-            keep = np.sort(np.random.default_rng(self.seed).choice(len(texts), self.max_probe, replace=False))
-            texts, names = [texts[i] for i in keep], names[keep]
-        return texts, names
+        keep = probe_indices(len(texts), self.max_probe, self.seed)
+        return [texts[i] for i in keep], names[keep]
 
 # %% ../nbs/16_distill.ipynb #16c037
 def _nc1_before_fit(self, trainer) -> None:

@@ -23,7 +23,7 @@ from .encoder import encode_cached
 from .eval import knn_grid
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'prefix_dims', 'prefix_accuracy', 'steerability',
+__all__ = ['CONDITIONS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'steerability',
            'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation',
            'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'FractalHead', 'block_keep_mask',
            'fractal_loss', 'FractalConfig', 'project', 'train_head', 'encode_levels', 'stratified_split',
@@ -38,13 +38,21 @@ def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
         raise ValueError(f"dim {dim} is not a positive multiple of the {n_blocks} prefix blocks")
     return [dim // n_blocks * j for j in range(1, n_blocks + 1)]
 
+def prefix_metrics(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_labels: dict,
+                   dims: list[int], k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    "k-NN (cosine) accuracy and recall@1 (Table 7) in [0, 1] per level (dict order) and prefix, from one neighbour search: index train [Ntr, D], queries test [Nte, D] -> ([V, J], [V, J]) float64."
+    grid = knn_grid(train[None].double(), train_labels, test[None].double(), test_labels, list(dims), k=k, recall_at=(1,))
+    acc, recall = (np.stack([grid[f"{m}_{level}"][0] / 100.0 for level in train_labels]).astype(np.float64)
+                   for m in ("knn_acc", "recall@1"))
+    return acc, recall
+
 def prefix_accuracy(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_labels: dict,
                     dims: list[int], k: int = 5, metric: str = "knn_acc") -> np.ndarray:
-    "k-NN (cosine) accuracy (or `metric='recall@1'`, Table 7) in [0, 1] per level (dict order) and prefix: index train [Ntr, D], queries test [Nte, D] -> [V, J] float64."
+    "One grid of prefix_metrics: k-NN accuracy, or `metric='recall@1'` (Table 7), [V, J] float64."
     if metric not in ("knn_acc", "recall@1"):
         raise ValueError(f"metric must be 'knn_acc' or 'recall@1', got {metric!r}")
-    grid = knn_grid(train[None].double(), train_labels, test[None].double(), test_labels, list(dims), k=k, recall_at=(1,))
-    return np.stack([grid[f"{metric}_{level}"][0] / 100.0 for level in train_labels]).astype(np.float64)
+    acc, recall = prefix_metrics(train, train_labels, test, test_labels, dims, k)
+    return acc if metric == "knn_acc" else recall
 
 # %% ../nbs/15_fractal.ipynb #15c009
 def _grid(acc) -> np.ndarray:
@@ -351,8 +359,7 @@ def run_condition(cfg: FractalConfig, data: FractalData, split: dict, progress: 
                                data.n_classes, progress)
     etr, ete = project(head, data.train_h[tr]), project(head, data.test_h[te])
     ytr, yte = _levels(data.train_y[:, tr]), _levels(data.test_y[:, te])
-    acc = prefix_accuracy(etr, ytr, ete, yte, cfg.dims, cfg.k)
-    recall = prefix_accuracy(etr, ytr, ete, yte, cfg.dims, cfg.k, metric="recall@1")
+    acc, recall = prefix_metrics(etr, ytr, ete, yte, cfg.dims, cfg.k)
     best = max(history, key=lambda r: r["val_score"])
     return {"condition": cfg.condition, "seed": cfg.seed, **steerability_metrics(acc),
             "acc": {lv: a.tolist() for lv, a in zip(ytr, acc)}, "recall1": {lv: a.tolist() for lv, a in zip(ytr, recall)},

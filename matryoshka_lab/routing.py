@@ -57,6 +57,13 @@ def _condition_runs(result: dict, conditions) -> dict:
         raise ValueError(f"condition(s) {', '.join(map(repr, missing))} not in the result, which has {', '.join(have) or 'no runs'}")
     return {c: [r for r in result["runs"] if r["condition"] == c] for c in conditions}
 
+def _coarse_fine(run: dict) -> tuple[list, list]:
+    "Accuracy rows [J] of a run's coarsest (first) and finest (last) level in acc {'L0': [J], .., 'L{V-1}': [J]}."
+    levels = list(run["acc"])
+    if len(levels) < 2:
+        raise ValueError(f"routing needs a coarse and a fine level, but the run's acc has {len(levels)}: {levels}")
+    return run["acc"][levels[0]], run["acc"][levels[-1]]
+
 def routing_curve(result: dict, alphas=np.linspace(0, 1, 21), conditions=("v5", "mrl")) -> pd.DataFrame:
     "Mixed accuracy per (condition, policy, alpha, seed) of run_fractal's result: columns condition, policy, alpha, seed, accuracy, avg_dims."
     a = np.round(_alpha(np.atleast_1d(alphas)), 12)
@@ -64,7 +71,7 @@ def routing_curve(result: dict, alphas=np.linspace(0, 1, 21), conditions=("v5", 
     for c, runs in _condition_runs(result, conditions).items():
         for r in runs:
             for policy in POLICIES:
-                acc, avg = mixed_accuracy(r["acc"]["L0"], r["acc"]["L1"], result["dims"], a, route=policy == "adaptive")
+                acc, avg = mixed_accuracy(*_coarse_fine(r), result["dims"], a, route=policy == "adaptive")
                 parts.append(pd.DataFrame({"condition": c, "policy": policy, "alpha": a, "seed": r["seed"],
                                            "accuracy": acc, "avg_dims": avg}))
     return pd.concat(parts, ignore_index=True)
@@ -76,18 +83,18 @@ def routing_summary(curve: pd.DataFrame) -> pd.DataFrame:
                       avg_dims=("avg_dims", "first"), n_seeds=("seed", "nunique")).reset_index())
 
 # %% ../nbs/17_routing.ipynb #17c013
-def _mean_row(runs: list[dict], level: str, j: int) -> float:
-    "Mean over runs of the level's accuracy at prefix index j."
-    return float(np.mean([r["acc"][level][j] for r in runs]))
+def _mean_row(runs: list[dict], end: int, j: int) -> float:
+    "Mean over runs of the coarsest (end 0) or finest (end 1) level's accuracy at prefix index j."
+    return float(np.mean([_coarse_fine(r)[end][j] for r in runs]))
 
 def crossover(result: dict, adaptive: str = "v5", baseline: str = "mrl") -> float | None:
     "Smallest alpha in [0, 1] from which `adaptive` routed is, in mean over seeds, >= `baseline` at full width for all larger alpha; None if never."
     runs = _condition_runs(result, (adaptive, baseline))
     for c, rs in runs.items():                     # validates every grid against dims
         for r in rs:
-            mixed_accuracy(r["acc"]["L0"], r["acc"]["L1"], result["dims"], 0.0)
-    d0 = _mean_row(runs[adaptive], "L0", 0) - _mean_row(runs[baseline], "L0", -1)    # difference at alpha = 1
-    d1 = _mean_row(runs[adaptive], "L1", -1) - _mean_row(runs[baseline], "L1", -1)   # difference at alpha = 0
+            mixed_accuracy(*_coarse_fine(r), result["dims"], 0.0)
+    d0 = _mean_row(runs[adaptive], 0, 0) - _mean_row(runs[baseline], 0, -1)     # difference at alpha = 1 (coarse)
+    d1 = _mean_row(runs[adaptive], 1, -1) - _mean_row(runs[baseline], 1, -1)    # difference at alpha = 0 (fine)
     if d0 < 0:
         return None
     return 0.0 if d1 >= 0 else d1 / (d1 - d0)
