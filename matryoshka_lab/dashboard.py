@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,10 @@ import pandas as pd
 from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars
 
 # %% auto #0
-__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'safe_runs', 'parse_record',
-           'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'compare_frame',
-           'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html', 'figure_png']
+__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'safe_runs',
+           'parse_record', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'compare_frame',
+           'natural_key', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html',
+           'figure_png']
 
 # %% ../nbs/19_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -248,6 +250,24 @@ def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.l
     for run in list(cols)[1:]:
         out[f"Δ {run}"] = out[run] - out[first]
     return out
+
+# %% ../nbs/19_dashboard.ipynb #19c028b
+GRID_NAME = re.compile(r"^(?P<task>.+)/L(?P<layer>\d+)/d(?P<dim>\d+)/(?P<metric>[^/]+)$")   # TASK/L{l}/d{d}/METRIC
+
+def natural_key(name: str) -> tuple:
+    "Sort key ordering the numbers inside a name by value: L2/d16 < L2/d128 < L10/d16."
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
+
+def eval_grids(frame: pd.DataFrame) -> pd.DataFrame:
+    "The TASK/L{l}/d{d}/METRIC records of a MetricsTail.frame() outside the train split, as (step, task, layer, dim, metric, value)."
+    cols = ["step", "task", "layer", "dim", "metric", "value"]
+    df = frame[frame.split != "train"] if len(frame) else frame
+    parts = df.name.str.extract(GRID_NAME) if len(df) else pd.DataFrame()
+    keep = parts.notna().all(axis=1) if len(parts) else pd.Series(dtype=bool)
+    if not keep.any():
+        return pd.DataFrame(columns=cols)
+    out = pd.concat([df.loc[keep, ["step", "value"]], parts[keep]], axis=1)
+    return out.astype({"layer": int, "dim": int})[cols].reset_index(drop=True)
 
 # %% ../nbs/19_dashboard.ipynb #19c030
 GRIDS = {"diag_erank": "effective rank", "diag_cv": "coefficient of variation", "diag_cka_prefix": "CKA(prefix, full)",

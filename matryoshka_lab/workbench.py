@@ -10,21 +10,23 @@ import io
 import ipaddress
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 import pandas as pd
 import panel as pn
 
-from .dashboard import (
-    RUNS_ENV, MetricsTail, compare_frame, figure_html, figure_png, fractal_results, list_arrays, list_snapshots,
-    load_snapshot, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, steerability_curves)
+from matryoshka_lab.dashboard import (
+    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results, list_arrays,
+    list_snapshots, load_snapshot, natural_key, resolve_run, run_file, runs_root, safe_runs, snapshot_figure,
+    steerability_curves)
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
-__all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'client_allowed', 'empty_figure',
-           'lines_figure', 'default_curves', 'export_row', 'find_grids', 'read_grid', 'grid_view', 'Workbench',
-           'build_app', 'show']
+__all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
+           'client_allowed', 'empty_figure', 'lines_figure', 'default_train', 'default_eval', 'export_row',
+           'find_grids', 'read_grid', 'grid_view', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/20_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -33,6 +35,8 @@ PLOT_EVERY_S = 1.0     # curves are redrawn at most this often; the step pane on
 STEP_CLASS = "ml-step" # the element showing "step N" (tests find it by this class)
 COLUMNS = ["task", "layer", "dim", "metric", "value"]
 NOT_DEFAULT = ("lr", "grad_norm")   # training curves not shown until chosen
+MAX_CURVES = 8         # curves drawn by default (more can be chosen)
+MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
 
 def client_allowed(ip: str | None, env=os.environ) -> bool:
     "Loopback clients always; others only with MATRYOSHKA_LAB_ALLOW_REMOTE=1 (an unknown address counts as remote)."
@@ -50,17 +54,32 @@ def empty_figure(text: str):
     return go.Figure().update_layout(title=text, height=320, width=640, xaxis_visible=False, yaxis_visible=False)
 
 def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str):
-    "One line per metric name of a MetricsTail.frame() table (NaN values leave gaps)."
+    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps)."
     import plotly.graph_objects as go
-    df = df[df.name.isin(names)]
-    if df.empty:
+    groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
+    if not groups:
         return empty_figure(f"{title}: nothing yet")
-    fig = go.Figure([go.Scatter(x=g.step, y=g.value, mode="lines", name=n) for n, g in df.groupby("name", sort=False)])
+    fig = go.Figure([go.Scatter(x=g.step, y=g.value, name=n, mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines")
+                     for n in names if (g := groups.get(n)) is not None])
     return fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760)
 
-def default_curves(names: list[str], pick) -> list[str]:
-    "The first six names pick() accepts, else the first four."
-    return [n for n in names if pick(n)][:6] or names[:4]
+def default_train(names: list[str]) -> list[str]:
+    "The loss, its unprefixed parts (not lr, grad_norm) and the deepest layer's per-prefix parts L{l}/d{d}/..., at most MAX_CURVES."
+    parts = [(int(m.group(1)), n) for n in names if (m := re.match(r"^L(\d+)/d\d+/", n))]
+    deepest = max((l for l, _ in parts), default=None)
+    pick = [n for n in names if n == "loss"] + [n for n in names if "/" not in n and n not in NOT_DEFAULT + ("loss",)]
+    return (pick + [n for l, n in parts if l == deepest])[:MAX_CURVES] or names[:4]
+
+def default_eval(names: list[str], task: str | None = None) -> list[str]:
+    "Every prefix of the deepest layer, in the headline metric of `task` (else the first task) of the grid records; else names ending in spearman."
+    grid = eval_grids(pd.DataFrame({"split": "eval", "name": list(names), "step": 0, "value": 0.0}))
+    if len(grid):
+        pairs = dict(headline(grid))
+        task = task if task in pairs else next(iter(pairs))
+        sel = grid[(grid.task == task) & (grid.metric == pairs[task])]
+        sel = sel[sel.layer == sel.layer.max()].sort_values("dim")
+        return [f"{task}/L{l}/d{d}/{pairs[task]}" for l, d in zip(sel.layer, sel.dim)][:MAX_CURVES]
+    return [n for n in names if n.endswith("spearman")][:MAX_CURVES] or list(names)[:4]
 
 # %% ../nbs/20_workbench.ipynb #20c010
 def export_row(get_fig, stem: str) -> pn.Row:
@@ -148,6 +167,7 @@ class Workbench:
         self.ticks, self._plotted, self._dirty = 0, 0.0, False
         self._cmp_tails: dict[str, MetricsTail] = {}
         self._fractal: dict[str, dict] = {}
+        self._grids = eval_grids(pd.DataFrame(columns=["split", "name"]))   # the open run's logged layer x dim grids
 
         first = run if run in self.names else (self.names[0] if self.names else None)
         self.picker = pn.widgets.Select(label="Run", options=self.names, value=first, width=320)
@@ -172,6 +192,9 @@ def _widgets(self) -> None:
     self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=760)
     self.train_plot = pn.pane.Plotly(empty_figure("no run selected"))
     self.eval_plot = pn.pane.Plotly(empty_figure("no eval metrics yet"))
+    self.grid_pair = pn.widgets.Select(label="Layer x dim grid (task / metric)", options=[], width=320)
+    self.grid_slider = pn.widgets.DiscreteSlider(label="Evaluated at step", options=[0], value=0, width=420, visible=False)
+    self.grid_plot = pn.pane.Plotly(empty_figure("no layer x dim evaluation yet"))
 
     self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=220)
     self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=420, visible=False)
@@ -179,6 +202,7 @@ def _widgets(self) -> None:
     self.snap_plot = pn.pane.Plotly(empty_figure("no snapshots in this run"))
     self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=320)
     self.steer_plot = pn.pane.Plotly(empty_figure("no Fractal result JSON in this run"))
+    self.steer_note = pn.pane.Markdown("No Fractal result JSON in this run (`matryoshka-lab fractal --out RUN/NAME.json`).")
 
     self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
                                            value=self.names[:2], width=760)
@@ -195,6 +219,8 @@ def _widgets(self) -> None:
     self.snap_slider.param.watch(lambda e: self.draw_snapshot(), "value")
     self.layer_input.param.watch(lambda e: self.draw_snapshot(), "value")
     self.steer_select.param.watch(lambda e: self.draw_steerability(), "value")
+    self.grid_pair.param.watch(lambda e: self.refresh_grid(follow=True), "value")
+    self.grid_slider.param.watch(lambda e: self.draw_grid(), "value")
     self.cmp_button.on_click(lambda e: self.compare())
     self.cmp_pattern.param.watch(lambda e: self.compare(), "value")
     self.cmp_runs.param.watch(lambda e: self.compare(), "value")
@@ -207,11 +233,12 @@ def _layout(self) -> pn.Column:
                          "or grid.csv). Train one, or press Refresh runs.")
     monitor = pn.Column(self.train_choice, self.train_plot, export_row(lambda: self.train_plot.object, "train_curves"),
                         self.eval_choice, self.eval_plot, export_row(lambda: self.eval_plot.object, "eval_metrics"),
-                        name="Monitor")
+                        pn.Row(self.grid_pair, self.grid_slider), self.grid_plot,
+                        export_row(lambda: self.grid_plot.object, "eval_grid"), name="Monitor")
+    self._steer_parts = [self.steer_select, self.steer_plot, export_row(lambda: self.steer_plot.object, "steerability")]
+    self.steer_box = pn.Column(self.steer_note)      # the note, or the parts once the run has a Fractal result
     snaps = pn.Column(pn.Row(self.array_select, self.snap_slider, self.layer_input), self.snap_plot,
-                      export_row(lambda: self.snap_plot.object, "snapshot"),
-                      self.steer_select, self.steer_plot, export_row(lambda: self.steer_plot.object, "steerability"),
-                      name="Snapshots")
+                      export_row(lambda: self.snap_plot.object, "snapshot"), self.steer_box, name="Snapshots")
     compare = pn.Column(self.cmp_runs, pn.Row(self.cmp_pattern, self.cmp_button), self.cmp_table, self.cmp_plot,
                         export_row(lambda: self.cmp_plot.object, "compare"), name="Compare")
     grids = pn.Column(grid_view(self.root), name="Grids")
@@ -268,16 +295,17 @@ def _poll(self) -> int:
     return new
 
 def _update_choices(self) -> None:
-    train = sorted(n for s, n in self.tail.series if s == "train")
-    evals = sorted(n for s, n in self.tail.series if s != "train")
+    train = sorted((n for s, n in self.tail.series if s == "train"), key=natural_key)
+    evals = sorted((n for s, n in self.tail.series if s != "train"), key=natural_key)
     if train != list(self.train_choice.options):
         self.train_choice.options = train
         if not self.train_choice.value:
-            self.train_choice.value = default_curves(train, lambda n: n == "loss" or ("/" not in n and n not in NOT_DEFAULT))
+            self.train_choice.value = default_train(train)
     if evals != list(self.eval_choice.options):
         self.eval_choice.options = evals
         if not self.eval_choice.value:
-            self.eval_choice.value = default_curves(evals, lambda n: n.endswith("spearman"))
+            tasks = self.config.get("eval_tasks") or [None]
+            self.eval_choice.value = default_eval(evals, tasks[0] if isinstance(tasks, list) else None)
 
 def _redraw(self) -> None:
     "Draw the chosen training curves and eval metrics."
@@ -285,10 +313,12 @@ def _redraw(self) -> None:
     if self.tail is None:
         self.train_plot.object = empty_figure("no run selected")
         self.eval_plot.object = empty_figure("")
-        return
-    df = self.tail.frame()
-    self.train_plot.object = lines_figure(df[df.split == "train"], list(self.train_choice.value), "training loss and parts", "value")
-    self.eval_plot.object = lines_figure(df[df.split != "train"], list(self.eval_choice.value), "eval metrics", "value")
+    else:
+        df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
+        self.train_plot.object = lines_figure(df[df.split == "train"], list(self.train_choice.value),
+                                              "training loss and parts", "value")
+        self.eval_plot.object = lines_figure(df[df.split != "train"], list(self.eval_choice.value), "eval metrics", "value")
+    self.refresh_grid(follow=False)
 
 def _tick(self) -> None:
     "The periodic callback: poll the tail, update the step pane; every few ticks re-list runs and snapshots."
@@ -304,6 +334,52 @@ def _tick(self) -> None:
         self.status.object = f"error while refreshing: {type(err).__name__}: {err}"
 
 Workbench.poll, Workbench._update_choices, Workbench.redraw, Workbench.tick = _poll, _update_choices, _redraw, _tick
+
+# %% ../nbs/20_workbench.ipynb #20c022b
+def _refresh_grid(self, follow: bool) -> None:
+    "Re-read the open run's layer x dim eval records; keep the chosen task / metric and step unless following the newest."
+    names = {n for s, n in self.tail.series if s != "train" and GRID_NAME.match(n)} if self.tail else set()
+    self._grids = eval_grids(self.tail.frame(names)) if names else eval_grids(pd.DataFrame(columns=["split", "name"]))
+    g = self._grids
+    pairs = sorted({f"{t} / {m}" for t, m in zip(g.task, g.metric)}, key=natural_key)
+    if pairs != list(self.grid_pair.options):
+        tasks = self.config.get("eval_tasks") or [None]
+        first = default_eval([f"{t}/L{l}/d{d}/{m}" for t, l, d, m in zip(g.task, g.layer, g.dim, g.metric)],
+                             tasks[0] if isinstance(tasks, list) else None)
+        head = "{0} / {3}".format(*first[0].rsplit("/", 3)) if first and GRID_NAME.match(first[0]) else None
+        keep = self.grid_pair.value if self.grid_pair.value in pairs else head
+        self.grid_pair.options = pairs
+        if keep != self.grid_pair.value:
+            self.grid_pair.value = keep                  # fires refresh_grid(follow=True)
+            return
+    if not self.grid_pair.value:
+        self.grid_slider.visible = False
+        self.grid_plot.object = empty_figure("no layer x dim evaluation yet")
+        return
+    task, metric = self.grid_pair.value.split(" / ")
+    steps = sorted(set(g.step[(g.task == task) & (g.metric == metric)].tolist()))
+    at_end = self.grid_slider.value == (self.grid_slider.options or [None])[-1]
+    if steps != list(self.grid_slider.options) or follow:
+        value = steps[-1] if (follow or at_end or self.grid_slider.value not in steps) else self.grid_slider.value
+        self.grid_slider.options, self.grid_slider.visible = steps, True
+        if value != self.grid_slider.value:
+            self.grid_slider.value = value               # fires draw_grid
+            return
+        self.draw_grid()
+
+def _draw_grid(self) -> None:
+    "The chosen task / metric's layer x dim heatmap at the slider's step."
+    if not self.grid_pair.value or not self.grid_slider.visible:
+        return
+    task, metric = self.grid_pair.value.split(" / ")
+    at = self._grids[self._grids.step == self.grid_slider.value]
+    try:
+        fig = plot_grid(at, task, metric)
+        self.grid_plot.object = fig.update_layout(title=f"{fig.layout.title.text} (step {self.grid_slider.value})")
+    except ValueError as err:
+        self.grid_plot.object = empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}")
+
+Workbench.refresh_grid, Workbench.draw_grid = _refresh_grid, _draw_grid
 
 # %% ../nbs/20_workbench.ipynb #20c024
 def _refresh_arrays(self) -> None:
@@ -352,8 +428,15 @@ Workbench.refresh_arrays, Workbench.refresh_snapshots, Workbench.draw_snapshot =
 
 # %% ../nbs/20_workbench.ipynb #20c025
 def _refresh_fractal(self) -> None:
+    "Re-read the open run's Fractal result JSONs; the first condition is shown unless one still present was chosen."
     self._fractal = fractal_results(self.run_dir) if self.run_dir else {}
-    self.steer_select.options = [f"{f}: {c}" for f, res in self._fractal.items() for c in res.get("summary", {})]
+    options = [f"{f}: {c}" for f, res in self._fractal.items() for c in res.get("summary", {})]
+    self.steer_select.options = options
+    if self.steer_select.value not in options:
+        self.steer_select.value = options[0] if options else None
+    want = self._steer_parts if self.steer_select.options else [self.steer_note]   # swapped, not hidden: a hidden
+    if list(self.steer_box.objects) != want:                                      # plotly pane breaks notebook views
+        self.steer_box.objects = want
     self.draw_steerability()
 
 def _draw_steerability(self) -> None:
