@@ -210,6 +210,8 @@ def _widgets(self) -> None:
     self.cmp_button = pn.widgets.Button(label="Compare", width=120)
     self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
     self.cmp_plot = pn.pane.Plotly(empty_figure("choose runs"))
+    self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=420)
+    self.cmp_lines = pn.pane.Plotly(empty_figure("choose runs"))
 
     self.picker.param.watch(lambda e: self.open_run(e.new), "value")
     self.refresh.on_click(lambda e: self.refresh_runs())
@@ -224,6 +226,7 @@ def _widgets(self) -> None:
     self.cmp_button.on_click(lambda e: self.compare())
     self.cmp_pattern.param.watch(lambda e: self.compare(), "value")
     self.cmp_runs.param.watch(lambda e: self.compare(), "value")
+    self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
 
 def _layout(self) -> pn.Column:
     "The header (title, run picker, step pane, status) over the four tabs."
@@ -240,7 +243,8 @@ def _layout(self) -> pn.Column:
     snaps = pn.Column(pn.Row(self.array_select, self.snap_slider, self.layer_input), self.snap_plot,
                       export_row(lambda: self.snap_plot.object, "snapshot"), self.steer_box, name="Snapshots")
     compare = pn.Column(self.cmp_runs, pn.Row(self.cmp_pattern, self.cmp_button), self.cmp_table, self.cmp_plot,
-                        export_row(lambda: self.cmp_plot.object, "compare"), name="Compare")
+                        export_row(lambda: self.cmp_plot.object, "compare"), self.cmp_metric, self.cmp_lines,
+                        export_row(lambda: self.cmp_lines.object, "compare_curves"), name="Compare")
     grids = pn.Column(grid_view(self.root), name="Grids")
     self.tabs = pn.Tabs(monitor, snaps, compare, grids, dynamic=False)
     return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs)
@@ -330,6 +334,7 @@ def _tick(self) -> None:
         if self.ticks % SLOW_EVERY == 0:
             self.refresh_runs()
             self.refresh_arrays()
+            self.refresh_compare()
     except Exception as err:        # a bad file must never stop the periodic callback
         self.status.object = f"error while refreshing: {type(err).__name__}: {err}"
 
@@ -469,6 +474,12 @@ def _compare(self) -> None:
     for gone in set(self._cmp_tails) - set(self.cmp_runs.value):
         del self._cmp_tails[gone]
     df = compare_frame(latest, self.cmp_pattern.value or "*")
+    names = sorted({n for _, n in df.index}, key=natural_key)
+    if names != list(self.cmp_metric.options):
+        self.cmp_metric.options = names
+    if self.cmp_metric.value not in names:
+        self.cmp_metric.value = names[0] if names else None      # fires draw_compare_curves
+    self.draw_compare_curves()
     if df.empty:
         self.cmp_table.object = "<p>Nothing to compare: choose runs and a pattern matching their metric names.</p>"
         self.cmp_plot.object = empty_figure("nothing to compare")
@@ -490,7 +501,19 @@ def _compare(self) -> None:
     fig = go.Figure([go.Bar(name=r, x=list(top.index), y=top[r]) for r in runs])
     self.cmp_plot.object = fig.update_layout(barmode="group", title="latest values", height=420, width=900)
 
-Workbench.compare = _compare
+def _draw_compare_curves(self) -> None:
+    "The chosen metric over steps, one line per compared run."
+    name = self.cmp_metric.value
+    frames = [t.frame({name}).assign(name=run) for run, t in self._cmp_tails.items()] if name else []
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["split", "name", "step", "value"])
+    self.cmp_lines.object = lines_figure(df, list(self._cmp_tails), f"{name} per run" if name else "no metric", "value")
+
+def _refresh_compare(self) -> None:
+    "Redo the comparison if a compared run appended anything (runs still training stay current)."
+    if sum(t.poll() for t in self._cmp_tails.values()):
+        self.compare()
+
+Workbench.compare, Workbench.draw_compare_curves, Workbench.refresh_compare = _compare, _draw_compare_curves, _refresh_compare
 
 def build_app(root: str | Path | None = None, run: str | None = None) -> Workbench:
     "The workbench for a runs root (default $MATRYOSHKA_LAB_RUNS or ./runs); serve .layout, call .tick periodically."
