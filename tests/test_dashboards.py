@@ -54,6 +54,19 @@ def write_run(path, steps=range(1, 6), nan_at=3, snapshots=True, config=None):
     return path
 
 
+BIG_NAMES = [f"L{l}/d{d}/info_nce" for l in (2, 4, 6) for d in (16, 32, 64, 128)] + ["loss"]
+
+
+def write_big_log(path, n, null_every=997):
+    "n training records cycling over BIG_NAMES (13 metrics a step), every null_every-th value null (NaN)."
+    with open(path, "w") as f:
+        for i in range(n):
+            step, k = divmod(i, len(BIG_NAMES))
+            value = None if i % null_every == 0 else (i % 1000) / 1000
+            f.write(json.dumps({"step": step, "time": i / 100, "split": "train", "name": BIG_NAMES[k], "value": value}) + "\n")
+    return Path(path)
+
+
 def naive(text):
     "What re-reading the whole file shows: parse_metrics, in MetricsTail.frame's layout."
     df = parse_metrics(text)[["split", "name", "step", "value"]]
@@ -115,13 +128,7 @@ def test_tail_survives_truncation_replacement_and_deletion(tmp_path):
 
 def test_tail_100k_lines_initial_read_and_one_tick(tmp_path):
     "100k lines: the first poll equals a full re-read on the exact latest values, memory stays bounded, a tick reads only new lines."
-    path = tmp_path / "metrics.jsonl"
-    names = [f"L{l}/d{d}/info_nce" for l in (2, 4, 6) for d in (16, 32, 64, 128)] + ["loss"]
-    with open(path, "w") as f:
-        for i in range(100_000):
-            step, name = divmod(i, len(names))
-            value = None if i % 997 == 0 else (i % 1000) / 1000
-            f.write(json.dumps({"step": step, "time": i / 100, "split": "train", "name": names[name], "value": value}) + "\n")
+    path = write_big_log(tmp_path / "metrics.jsonl", 100_000)
     tail = MetricsTail(path, max_points=2000)
     assert tail.poll() == 100_000 and tail.offset == path.stat().st_size
     df = parse_metrics(path.read_text())
@@ -258,7 +265,7 @@ def free_port():
 
 @contextlib.contextmanager
 def running(cmd, url, log, env=None):
-    "Start a server process (its output into the file log), yield the body of url once it answers, then stop it."
+    "Start a server process (its output into the file log), yield (process, body of url) once it answers, then stop it."
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -270,7 +277,7 @@ def running(cmd, url, log, env=None):
             except OSError:
                 time.sleep(0.5)
         assert body is not None, Path(log).read_text(errors="replace")[-2000:]
-        yield body
+        yield proc, body
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -293,7 +300,7 @@ def jupyter_lab(folder, port):
 
 def test_panel_serve_answers_on_localhost(tmp_path):
     write_grid(tmp_path / "runs" / "demo" / "grid.csv")
-    with serve(tmp_path / "runs", free_port()) as body:
+    with serve(tmp_path / "runs", free_port()) as (_, body):
         assert "matryoshka_lab" in body
 
 
@@ -311,6 +318,18 @@ def browser_or_skip():
         if os.environ.get("MATRYOSHKA_LAB_REQUIRE_BROWSER") == "1":
             pytest.fail(msg + " (MATRYOSHKA_LAB_REQUIRE_BROWSER=1)")
         pytest.skip(msg)
+
+
+@contextlib.contextmanager
+def chromium_page(width=1400, height=1100):
+    "A page of Debian's headless Chromium (a new empty profile), driven by Playwright; closed afterwards."
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
 
 
 def shown(locator) -> str:
@@ -352,7 +371,6 @@ def seconds_to_show(step, run_dir, n) -> float:
 def test_browser_shows_new_step_within_2s(tmp_path):
     "Headless Chromium has the page open; another process writes a step; the page shows it within 2 seconds."
     browser_or_skip()
-    from playwright.sync_api import sync_playwright
     runs = tmp_path / "runs"
     write_run(runs / "live", config={"dims": [2, 4, 8]})
     write_run(runs / "other", steps=range(1, 4), snapshots=False)
@@ -361,27 +379,66 @@ def test_browser_shows_new_step_within_2s(tmp_path):
     write_grid(runs / "live" / "grid.csv")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    with serve(runs, port), sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)   # a new empty profile
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
-            step = page.locator(".ml-step")
-            step.wait_for(timeout=60_000)
-            page.locator("select").first.select_option("other")     # the run picker
-            wait_shown(step, "step 3")
-            page.locator("select").first.select_option("live")
-            wait_shown(step, "step 5")
-            seen = seconds_to_show(step, runs / "live", 42)
-            time.sleep(1.2)                                          # let the curves redraw (at most once a second)
-            page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
-            for tab in ("Snapshots", "Compare", "Grids"):
-                page.get_by_text(tab, exact=True).first.click()
-                time.sleep(1.5)
-                page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
-            print(f"new step shown {seen:.3f} s after the write")
-        finally:
-            browser.close()
+    with serve(runs, port), chromium_page() as page:
+        page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
+        step = page.locator(".ml-step")
+        step.wait_for(timeout=60_000)
+        page.locator("select").first.select_option("other")     # the run picker
+        wait_shown(step, "step 3")
+        page.locator("select").first.select_option("live")
+        wait_shown(step, "step 5")
+        seen = seconds_to_show(step, runs / "live", 42)
+        time.sleep(1.2)                                          # let the curves redraw (at most once a second)
+        page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
+        for tab in ("Snapshots", "Compare", "Grids"):
+            page.get_by_text(tab, exact=True).first.click()
+            time.sleep(1.5)
+            page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
+        print(f"new step shown {seen:.3f} s after the write")
+
+
+def test_browser_survives_big_nan_empty_halfwritten_and_deleted_runs(tmp_path):
+    "The page stays live through a 100k-line log, an all-NaN run, an empty run, a half-written line and a run deleted while open."
+    browser_or_skip()
+    runs = tmp_path / "runs"
+    (runs / "big").mkdir(parents=True)
+    write_big_log(runs / "big" / "metrics.jsonl", 100_000)
+    last = (100_000 - 1) // len(BIG_NAMES)
+    log = RunLog(runs / "nan")
+    for s in range(1, 4):
+        log.log_many(s, {"loss": float("nan"), "mrl": float("inf")})
+    log.close()
+    (runs / "empty").mkdir()
+    (runs / "empty" / "config.json").write_text("{}")
+    write_run(runs / "live")
+    with open(runs / "live" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "time": 1.0, "split": "train", "na')     # half-written last line
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with serve(runs, port) as (server, _), chromium_page() as page:
+        page.goto(f"http://127.0.0.1:{port}/dashboards?run=big", timeout=60_000)
+        step, status, picker = page.locator(".ml-step"), page.locator(".ml-status"), page.locator("select").first
+        wait_shown(step, f"step {last}", seconds=60)
+        seconds_to_show(step, runs / "big", last + 1)              # 100k lines: the page still follows within 2 s
+        page.screenshot(path=str(ARTIFACTS / "robust_big.png"), full_page=True)
+        picker.select_option("nan")
+        wait_shown(step, "step 3")
+        picker.select_option("empty")
+        wait_shown(step, "step -")
+        wait_shown(status, "missing")
+        picker.select_option("live")
+        wait_shown(step, "step 5")                                  # the half-written step 6 waits for its newline
+        shutil.rmtree(runs / "live")                                # deleted while open
+        wait_shown(status, "missing", seconds=dash.SLOW_EVERY * dash.PERIOD_MS / 1000 + 10)
+        time.sleep(dash.SLOW_EVERY * dash.PERIOD_MS / 1000 + 1)     # a slow tick re-lists runs and snapshots
+        assert "error while refreshing" not in shown(status) and "step 5" in shown(step)
+        page.screenshot(path=str(ARTIFACTS / "robust_deleted.png"), full_page=True)
+        picker.select_option("big")
+        wait_shown(step, f"step {last + 1}")
+        seconds_to_show(step, runs / "big", last + 2)              # still live after all of the above
+        assert server.poll() is None
+        served = (runs.parent / "panel.log").read_text(errors="replace")   # before the browser leaves
+        assert "Traceback" not in served, served[-3000:]
 
 
 NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0", "metadata": {}, "outputs": [],
@@ -393,26 +450,20 @@ NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0",
 def test_notebook_shows_new_step_within_2s(tmp_path):
     "JupyterLab in headless Chromium runs show() in a notebook (no internet needed); a step written by another process shows within 2 s."
     browser_or_skip()
-    from playwright.sync_api import sync_playwright
     runs = tmp_path / "runs"
     write_run(runs / "live", config={"dims": [2, 4, 8]})
     nb = {**NOTEBOOK, "cells": [{**NOTEBOOK["cells"][0], "source": NOTEBOOK["cells"][0]["source"].format(root=str(runs))}]}
     (tmp_path / "workbench.ipynb").write_text(json.dumps(nb))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    with jupyter_lab(tmp_path, port), sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(f"http://127.0.0.1:{port}/lab/tree/workbench.ipynb?token=t", timeout=120_000)
-            page.locator(".jp-Notebook .jp-Cell").first.click(timeout=120_000)
-            page.keyboard.press("Shift+Enter")                       # runs once the kernel is up
-            step = page.locator(".ml-step")
-            step.wait_for(timeout=120_000)
-            wait_shown(step, "step 5")
-            seen = seconds_to_show(step, runs / "live", 42)
-            time.sleep(1.2)
-            page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
-            print(f"new step shown in the notebook {seen:.3f} s after the write")
-        finally:
-            browser.close()
+    with jupyter_lab(tmp_path, port), chromium_page() as page:
+        page.goto(f"http://127.0.0.1:{port}/lab/tree/workbench.ipynb?token=t", timeout=120_000)
+        page.locator(".jp-Notebook .jp-Cell").first.click(timeout=120_000)
+        page.keyboard.press("Shift+Enter")                       # runs once the kernel is up
+        step = page.locator(".ml-step")
+        step.wait_for(timeout=120_000)
+        wait_shown(step, "step 5")
+        seen = seconds_to_show(step, runs / "live", 42)
+        time.sleep(1.2)
+        page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
+        print(f"new step shown in the notebook {seen:.3f} s after the write")
