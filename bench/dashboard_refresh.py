@@ -12,6 +12,8 @@ In-process, side by side on the same files (alternating order where two things a
   tick (naive)     a full re-read of the same file with parse_metrics (what a dashboard without a tail would do).
   tick (redraw)    one Workbench.tick() that also redraws the curves (at most once a second in the app).
   idle tick        one poll when nothing was appended.
+  traced memory    Python memory the workbench holds (tracemalloc) after every 500 of --ticks redrawing ticks, each
+                   after one more step of 13 metrics: flat when what it keeps is bounded.
 --browser: `panel serve dashboards/` on 127.0.0.1 with headless Chromium on the 100k-line run; this process appends a
   step and times until the page's step pane shows it (poll wait of up to PERIOD_MS included: the real figure).
 --soak S: with the page open, a writer appends 50 steps a second (13 metrics each) for S seconds; every 10 s it
@@ -19,6 +21,7 @@ In-process, side by side on the same files (alternating order where two things a
 Figures are medians over --rounds; the last line is one JSON object.
 """
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +76,25 @@ def in_process(run: Path, root: Path, rounds: int) -> dict:
         res["tick (redraw)"].append(time.perf_counter() - t0)
     log.close()
     return {k: statistics.median(v) for k, v in res.items()}
+
+
+def traced_ticks(run: Path, root: Path, ticks: int) -> list[float]:
+    "MB traced by tracemalloc after each 500 of `ticks` ticks that each append a step and redraw (the first 500 warm up)."
+    wb, log, step, out = workbench.Workbench(root, run=run.name), RunLog(run), 3 * 10**6, []
+    for k in range(ticks // 500 + 1):
+        for _ in range(500):
+            step += 1
+            log.log_many(step, {n: 0.5 for n in BIG_NAMES})
+            wb._plotted = 0.0
+            wb.tick()
+        gc.collect()
+        if k == 0:
+            tracemalloc.start()
+        else:
+            out.append(tracemalloc.get_traced_memory()[0] / 1e6)
+    tracemalloc.stop()
+    log.close()
+    return out
 
 
 def rss_mb(pid: int) -> float:
@@ -157,6 +180,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--ticks", type=int, default=2000, help="redrawing ticks of the traced-memory measurement")
     ap.add_argument("--browser", action="store_true", help="also time append->page in headless Chromium")
     ap.add_argument("--soak", type=float, default=0.0, help="with --browser: seconds of continuous appends")
     args = ap.parse_args()
@@ -173,15 +197,18 @@ def main():
         workbench.Workbench(root, run="big")
         app_open = time.perf_counter() - t0
         med = in_process(run, root, args.rounds)
+        traced = traced_ticks(run, root, args.ticks)
         page = in_browser(run, root, args.rounds, args.soak) if args.browser else {}
     print(f"log: {args.lines} lines, {size_mb:.1f} MB; first full read by MetricsTail {first_read * 1e3:.0f} ms; "
           f"opening the run in the app {app_open * 1e3:.0f} ms")
     for k, v in med.items():
         print(f"  {k:<14} {v * 1e3:9.3f} ms  (median of {args.rounds})")
     print(f"  naive full re-read / incremental tick: {med['tick (naive)'] / med['tick (tail)']:.0f}x")
+    print("  traced memory after each 500 redrawing ticks: " + ", ".join(f"{m:.2f}" for m in traced) + " MB")
     summary = {"lines": args.lines, "first_read_s": round(first_read, 4), "app_open_s": round(app_open, 4),
                **{k.replace(" ", "_"): round(v, 6) for k, v in med.items()},
-               "naive_over_tail": round(med["tick (naive)"] / med["tick (tail)"], 1)}
+               "naive_over_tail": round(med["tick (naive)"] / med["tick (tail)"], 1),
+               "traced_mb": [round(m, 3) for m in traced]}
     if page:
         lat = sorted(page["append->page"])
         q = {"median": statistics.median(lat), "p90": lat[int(0.9 * (len(lat) - 1))], "max": lat[-1]}
