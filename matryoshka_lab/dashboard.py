@@ -22,8 +22,8 @@ from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spec
 
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'safe_runs',
-           'parse_record', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'compare_frame',
-           'natural_key', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html',
+           'parse_record', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'natural_key',
+           'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html',
            'figure_png']
 
 # %% ../nbs/19_dashboard.ipynb #19c006
@@ -238,6 +238,10 @@ def load_snapshot(run_dir: str | Path, name: str, step: int) -> np.ndarray:
     return np.load(path, allow_pickle=False)
 
 # %% ../nbs/19_dashboard.ipynb #19c027
+def natural_key(name: str) -> tuple:
+    "Sort key ordering the numbers inside a name by value: L2/d16 < L2/d128 < L10/d16."
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
+
 def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.latest()
                   pattern: str = "*", max_rows: int = 500) -> pd.DataFrame:
     "Latest values of the metrics matching `pattern`, one column per run, then 'Δ run' = run - first run."
@@ -245,7 +249,8 @@ def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.l
             for run, df in latest.items()}
     if not cols:
         return pd.DataFrame()
-    out = pd.DataFrame(cols, dtype=float).sort_index().head(max_rows)
+    out = pd.DataFrame(cols, dtype=float)
+    out = out.loc[sorted(out.index, key=lambda k: (k[0], natural_key(k[1])))].head(max_rows)   # d16 before d128
     first = list(cols)[0]
     for run in list(cols)[1:]:
         out[f"Δ {run}"] = out[run] - out[first]
@@ -253,10 +258,6 @@ def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.l
 
 # %% ../nbs/19_dashboard.ipynb #19c028b
 GRID_NAME = re.compile(r"^(?P<task>.+)/L(?P<layer>\d+)/d(?P<dim>\d+)/(?P<metric>[^/]+)$")   # TASK/L{l}/d{d}/METRIC
-
-def natural_key(name: str) -> tuple:
-    "Sort key ordering the numbers inside a name by value: L2/d16 < L2/d128 < L10/d16."
-    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
 
 def eval_grids(frame: pd.DataFrame) -> pd.DataFrame:
     "The TASK/L{l}/d{d}/METRIC records of a MetricsTail.frame() outside the train split, as (step, task, layer, dim, metric, value)."
