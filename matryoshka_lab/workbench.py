@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import panel as pn
 
-from matryoshka_lab.dashboard import (
-    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results, list_arrays,
-    list_snapshots, load_snapshot, natural_key, resolve_run, run_file, runs_root, safe_runs, snapshot_figure,
-    steerability_curves)
+from .dashboard import (
+    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
+    list_arrays, list_snapshots, load_snapshot, natural_key, resolve_run, run_file, runs_root, safe_runs,
+    snapshot_figure, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
