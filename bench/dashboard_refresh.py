@@ -134,7 +134,7 @@ def in_browser(run: Path, root: Path, rounds: int, soak: float) -> dict:
         tail.poll()
         wait_step(page, tail.last_step, timeout=120)
         out["page_open_s"] = time.perf_counter() - t0
-        log, step, lat, rng = RunLog(run), 2 * 10**6, [], random.Random(0)
+        log, step, lat, rng = RunLog(run), tail.last_step, [], random.Random(0)   # above every step logged so far
         for _ in range(rounds):
             step += 1
             t0 = time.perf_counter()
