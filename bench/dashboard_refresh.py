@@ -1,7 +1,7 @@
 """Dashboard refresh: latency from a line being appended to it being shown, the cost of one refresh tick on a 100k-line
 log, and memory over a long open session.
 
-    python bench/dashboard_refresh.py [--lines 100000] [--rounds 20] [--browser] [--soak 180]
+    python bench/dashboard_refresh.py [--lines 100000] [--rounds 20] [--ticks 2000] [--browser] [--soak SECONDS]
 
 In-process, side by side on the same files (alternating order where two things are compared):
   append->tail     one record appended and flushed (RunLog.log, as the trainer writes), then MetricsTail.poll() until
@@ -17,7 +17,7 @@ In-process, side by side on the same files (alternating order where two things a
 --browser: `panel serve dashboards/` on 127.0.0.1 with headless Chromium on the 100k-line run; this process appends a
   step and times until the page's step pane shows it (poll wait of up to PERIOD_MS included: the real figure).
 --soak S: with the page open, a writer appends 50 steps a second (13 metrics each) for S seconds; every 10 s it
-  prints the server's resident memory, the page's JS heap, the tail's stored points and the append->page latency.
+  prints the server's resident memory, the page's JS heap and how far the page's step pane lags the writer.
 Figures are medians over --rounds; the last line is one JSON object.
 """
 import argparse

@@ -25,8 +25,8 @@ from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'client_allowed', 'empty_figure', 'lines_figure', 'default_train', 'default_eval', 'export_row',
-           'find_grids', 'read_grid', 'grid_view', 'Workbench', 'build_app', 'show']
+           'client_allowed', 'empty_figure', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
+           'export_row', 'find_grids', 'read_grid', 'grid_view', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/20_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -70,15 +70,20 @@ def default_train(names: list[str]) -> list[str]:
     pick = [n for n in names if n == "loss"] + [n for n in names if "/" not in n and n not in NOT_DEFAULT + ("loss",)]
     return (pick + [n for l, n in parts if l == deepest])[:MAX_CURVES] or names[:4]
 
+def headline_pair(grid: pd.DataFrame, task: str | None = None) -> tuple[str, str]:
+    "(task, its headline metric) of a non-empty eval_grids table: `task` if it has records, else the first task."
+    pairs = dict(headline(grid))
+    task = task if task in pairs else next(iter(pairs))
+    return task, pairs[task]
+
 def default_eval(names: list[str], task: str | None = None) -> list[str]:
     "Every prefix of the deepest layer, in the headline metric of `task` (else the first task) of the grid records; else names ending in spearman."
     grid = eval_grids(pd.DataFrame({"split": "eval", "name": list(names), "step": 0, "value": 0.0}))
     if len(grid):
-        pairs = dict(headline(grid))
-        task = task if task in pairs else next(iter(pairs))
-        sel = grid[(grid.task == task) & (grid.metric == pairs[task])]
+        task, metric = headline_pair(grid, task)
+        sel = grid[(grid.task == task) & (grid.metric == metric)]
         sel = sel[sel.layer == sel.layer.max()].sort_values("dim")
-        return [f"{task}/L{l}/d{d}/{pairs[task]}" for l, d in zip(sel.layer, sel.dim)][:MAX_CURVES]
+        return [f"{task}/L{l}/d{d}/{metric}" for l, d in zip(sel.layer, sel.dim)][:MAX_CURVES]
     return [n for n in names if n.endswith("spearman")][:MAX_CURVES] or list(names)[:4]
 
 # %% ../nbs/20_workbench.ipynb #20c010
@@ -308,8 +313,12 @@ def _update_choices(self) -> None:
     if evals != list(self.eval_choice.options):
         self.eval_choice.options = evals
         if not self.eval_choice.value:
-            tasks = self.config.get("eval_tasks") or [None]
-            self.eval_choice.value = default_eval(evals, tasks[0] if isinstance(tasks, list) else None)
+            self.eval_choice.value = default_eval(evals, self.first_eval_task())
+
+def _first_eval_task(self) -> str | None:
+    "The open run's first configured eval task (its curves and grid are shown first), if its config names one."
+    tasks = self.config.get("eval_tasks")
+    return tasks[0] if isinstance(tasks, list) and tasks else None
 
 def _redraw(self) -> None:
     "Draw the chosen training curves and eval metrics."
@@ -339,6 +348,7 @@ def _tick(self) -> None:
         self.status.object = f"error while refreshing: {type(err).__name__}: {err}"
 
 Workbench.poll, Workbench._update_choices, Workbench.redraw, Workbench.tick = _poll, _update_choices, _redraw, _tick
+Workbench.first_eval_task = _first_eval_task
 
 # %% ../nbs/20_workbench.ipynb #20c022b
 def _refresh_grid(self, follow: bool) -> None:
@@ -348,10 +358,7 @@ def _refresh_grid(self, follow: bool) -> None:
     g = self._grids
     pairs = sorted({f"{t} / {m}" for t, m in zip(g.task, g.metric)}, key=natural_key)
     if pairs != list(self.grid_pair.options):
-        tasks = self.config.get("eval_tasks") or [None]
-        first = default_eval([f"{t}/L{l}/d{d}/{m}" for t, l, d, m in zip(g.task, g.layer, g.dim, g.metric)],
-                             tasks[0] if isinstance(tasks, list) else None)
-        head = "{0} / {3}".format(*first[0].rsplit("/", 3)) if first and GRID_NAME.match(first[0]) else None
+        head = " / ".join(headline_pair(g, self.first_eval_task())) if len(g) else None
         keep = self.grid_pair.value if self.grid_pair.value in pairs else head
         self.grid_pair.options = pairs
         if keep != self.grid_pair.value:
