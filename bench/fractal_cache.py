@@ -9,7 +9,7 @@ own pooling and max length). On --n CLINC150 training texts (a seeded random sub
   hit     encode_cached of the texts when they are already in the cache (hash the texts, np.load the .npy);
   miss    encode_cached into an empty cache folder: encode the texts and write them (the model is already loaded);
   encode  one Encoder.encode of the texts (last layer, no grad): what recomputing the backbone costs per epoch;
-  head    fractal.train_head, condition v5 with the paper's settings (FractalConfig defaults), --epochs epochs, on the
+  head    fractal.train_head, condition v5 under --protocol (default: the authors'), --epochs epochs, on the
           texts' vectors split 90/10 into train/validation rows as run_fractal does (includes its per-epoch k-NN check).
 Every round times each part once, in a rotating order, so the machine's drift hits all alike; figures are medians
 over rounds. The two variants are then
@@ -36,7 +36,7 @@ import torch
 from matryoshka_lab.core import DATA_ENV, resolve_data_dir
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, encode_cached
-from matryoshka_lab.fractal import FractalConfig, encode_levels, stratified_split, train_head
+from matryoshka_lab.fractal import PROTOCOLS, encode_levels, fractal_config, stratified_split, train_head
 
 PARTS = ["hit", "miss", "encode", "head"]
 # The issue's full comparison: `matryoshka-lab fractal --dataset clinc150 --seeds 5 --conditions v5,mrl --max-train 10000
@@ -79,6 +79,7 @@ def main():
     p.add_argument("--n", type=int, default=2000, help="texts (default 2000)")
     p.add_argument("--epochs", type=int, default=5, help="head epochs E (default 5, the paper's)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--protocol", default="authors", choices=list(PROTOCOLS), help="the head's protocol (default: authors)")
     p.add_argument("--seed", type=int, default=42, help="subset, split and head seed")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for everything (default: torch's own, one per core)")
@@ -98,7 +99,7 @@ def main():
     n = len(texts)
     kept, held = stratified_split(y[1].numpy(), 0.1, args.seed)       # train / validation rows, as run_fractal
     tr, va = torch.as_tensor(kept), torch.as_tensor(held)
-    cfg = FractalConfig(condition="v5", seed=args.seed, epochs=args.epochs)
+    cfg = fractal_config(args.protocol, condition="v5", seed=args.seed, epochs=args.epochs)
     load_s, enc = timed(lambda: Encoder.from_pretrained(args.model))
     print(f"{source}: {n} texts ({len(tr)} train + {len(va)} validation rows), {n_classes[0]} coarse / {n_classes[1]} "
           f"fine classes; model {args.model!r} ({enc.pooling} pooling, max_length {enc.max_length}, loaded in "
@@ -112,7 +113,7 @@ def main():
                                               progress=False)[0]
         t_warm, h = timed(lambda: cached(work / "hit"))                 # warm-up miss; later calls to this folder hit
         head = lambda: train_head(cfg, h[tr], y[:, tr], h[va], y[:, va], n_classes)
-        train_head(FractalConfig(condition="v5", seed=args.seed, epochs=1), h[tr][:64], y[:, tr[:64]], h[va], y[:, va],
+        train_head(fractal_config(args.protocol, condition="v5", seed=args.seed, epochs=1), h[tr][:64], y[:, tr[:64]], h[va], y[:, va],
                    n_classes)                                           # warm-up: first-call overheads of the head
         fresh = enc.encode(texts, layers=[-1], progress=False)[0]
         diff = float((fresh - h).abs().max())                          # recomputed vectors = cached ones

@@ -115,10 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seeds", type=int, default=5, help="number of seeds: 42, 123, 456, 789, 1024 first (default 5)")
     f.add_argument("--conditions", default="v5,mrl,inverted,no_prefix,uhmt", help="comma-separated conditions")
     f.add_argument("--epochs", type=int, default=5, help="epochs per head (default 5, the paper's)")
-    f.add_argument("--max-train", type=int, default=None, help="random training rows per seed (default: all)")
-    f.add_argument("--max-test", type=int, default=None, help="random test rows per seed (default: all)")
-    f.add_argument("--val-frac", type=float, default=0.1, help="validation share of the training rows (default 0.1)")
-    f.add_argument("--split-seed", type=int, default=None, help="one split for every seed (default: each seed's own)")
+    f.add_argument("--protocol", default="authors", choices=["authors", "paper-text"],
+                   help="authors: what the authors' code does (default); paper-text: only what the paper states")
+    f.add_argument("--max-train", type=int, default=None, help="training rows, first of a seeded shuffle (default: the protocol's, 10000)")
+    f.add_argument("--max-test", type=int, default=None, help="test rows, first of a seeded shuffle (default: the protocol's, 2000)")
+    f.add_argument("--val-frac", type=float, default=None, help="validation share of the training rows (default: the protocol's)")
+    f.add_argument("--split-seed", type=int, default=None, help="one split for every seed (default: the protocol's)")
     f.add_argument("--out", required=True, help="JSON file to write")
     f.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("tasks", help="list the task names")
@@ -131,11 +133,14 @@ def _num(x, spec: str = "+.3f") -> str:
 def _print_fractal(res: dict, out=sys.stdout) -> None:
     "Per condition: S mean +- sd and the k-NN accuracy at the shortest and full prefix; then V5 vs MRL."
     d0, dJ = res["dims"][0], res["dims"][-1]
-    print(f"\n{res['dataset']} ({' -> '.join(res['levels'])}), seeds {res['seeds']}: steerability S (Eq. 1) "
-          f"and k-NN accuracy (L0 coarsest .. L{len(res['levels']) - 1} finest) at {d0} and {dJ} dims", file=out)
+    evals = " / ".join(next(iter(res["summary"].values()))["S_mean_by_eval"])
+    print(f"\n{res['dataset']} ({' -> '.join(res['levels'])}), seeds {res['seeds']}, protocol {res['protocol']}: steerability S (Eq. 1) "
+          f"by {res['evaluation']} (then {evals}) and k-NN accuracy (L0 coarsest .. L{len(res['levels']) - 1} finest) "
+          f"at {d0} and {dJ} dims", file=out)
     for c, s in res["summary"].items():
         acc = "  ".join(f"{lv}@{d} {s['acc_mean'][lv][i]:.3f}" for lv in s["acc_mean"] for i, d in ((0, d0), (-1, dJ)))
-        print(f"  {c:10s} S {_num(s['S_mean'])} +- {_num(s['S_sd'], '.3f')}   {acc}", file=out)
+        by = " / ".join(_num(x) for x in s["S_mean_by_eval"].values())
+        print(f"  {c:10s} S {_num(s['S_mean'])} +- {_num(s['S_sd'], '.3f')}  ({by})   {acc}", file=out)
     u = res.get("untrained")
     if u:
         print(f"  {'untrained':10s} S {_num(sum(u['S']) / len(u['S']))}            (each seed's initial random projection)", file=out)
@@ -153,9 +158,9 @@ def _fractal(args) -> None:
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
-    res = run_fractal(args.model, args.data_dir, args.dataset, seeds=args.seeds, conditions=conditions, epochs=args.epochs,
-                      max_train=args.max_train, max_test=args.max_test, val_frac=args.val_frac, split_seed=args.split_seed,
-                      progress=not args.no_progress)
+    given = {k: getattr(args, k) for k in ("max_train", "max_test", "val_frac", "split_seed") if getattr(args, k) is not None}
+    res = run_fractal(args.model, args.data_dir, args.dataset, seeds=args.seeds, conditions=conditions, protocol=args.protocol,
+                      epochs=args.epochs, progress=not args.no_progress, **given)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, allow_nan=False))
     _print_fractal(res)

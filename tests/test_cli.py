@@ -99,6 +99,8 @@ def test_fractal_writes_json(tiny_model_dir, tmp_path):
         S = [x["S"] for x in r["runs"] if x["condition"] == c]
         assert r["summary"][c]["S"] == S and abs(r["summary"][c]["S_mean"] - (S[0] + S[1]) / 2) < 1e-12
     assert set(r["stats"]) == {"v5_vs_mrl", "vs_v5"}
+    assert (r["protocol"], r["evaluation"]) == ("authors", "loo500")   # the default protocol; S under every evaluation
+    assert all(set(x["S_by_eval"]) == {"loo500", "loo_test", "train_index"} and x["S"] == x["S_by_eval"]["loo500"] for x in r["runs"])
     assert "steerability S (Eq. 1)" in res.stdout and "v5 - mrl" in res.stdout
     assert len(list((tmp_path / "cache" / "embeddings").glob("*.npy"))) == 1   # the backbone ran once, through the cache
 
