@@ -1,0 +1,81 @@
+"""Fractal Embeddings under the two protocols, and the differences between them one at a time (nbs/15_fractal.ipynb).
+
+    python experiments/fractal_protocols.py main      # CLINC, 5 seeds: every condition under both protocols
+    python experiments/fractal_protocols.py toggles   # CLINC, 3 seeds, V5 (and MRL) with each difference toggled alone
+    python experiments/fractal_protocols.py toggles --only 'toggle_paper-text+metric_terms'   # one of them
+
+Writes small JSON result files under results/fractal/ (re-running replaces a file; an existing file is skipped unless
+--force). Reads the datasets from $MATRYOSHKA_LAB_DATA (or --data-dir); the backbone vectors come from encode_cached.
+"""
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from matryoshka_lab.fractal import fractal_data, run_fractal
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "fractal"
+METRIC_TERMS = {"contrastive_weight": 1.0, "margin_weight": 0.5}
+
+# one difference at a time: (name, the options that differ) -- applied to paper-text ("+") and removed from authors ("-")
+DIFFERENCES = {
+    "metric terms": (METRIC_TERMS, {"contrastive_weight": 0.0, "margin_weight": 0.0}),
+    "prefix labels": ({"prefix_labels": "first"}, {"prefix_labels": "paper"}),
+    "network head": ({"body": "authors"}, {"body": "linear"}),
+    "normalisation": ({"normalise": "authors"}, {"normalise": "none"}),
+    "prefix sampling": ({"prefix_sampling": "example_mode"}, {"prefix_sampling": "batch"}),
+    "block dropout": ({"block_dropout": "full"}, {"block_dropout": "all"}),
+    "schedule": ({"schedule": "constant"}, {"schedule": "cosine"}),
+    "drop last": ({"drop_last": True}, {"drop_last": False}),
+    "selection": ({"selection": "loo"}, {"selection": "train_index"}),
+    "split": ({"split_seed": 0, "val_frac": 0.15}, {"split_seed": None, "val_frac": 0.1}),
+}
+
+
+def save(path: Path, res: dict, seconds: float, command: str) -> None:
+    "Write a result with the wall time and the command that made it; print each condition's S (headline, then every evaluation)."
+    res = {**res, "seconds": round(seconds, 1), "command": command}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1, allow_nan=False))
+    s = res["summary"]
+    print(f"{path.stem}: " + "  ".join(f"{c} S {v['S_mean']:+.3f} " + "/".join(f"{x:+.3f}" for x in v["S_mean_by_eval"].values())
+                                  for c, v in s.items()) + f"  ({seconds:.0f} s)", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", choices=("main", "toggles"))
+    p.add_argument("--data-dir", default=os.environ.get("MATRYOSHKA_LAB_DATA"))
+    p.add_argument("--dataset", default="clinc150")
+    p.add_argument("--only", default=None, help="comma-separated result names to run (default: all of the study)")
+    p.add_argument("--force", action="store_true", help="recompute result files that exist")
+    args = p.parse_args()
+    data = fractal_data("embedded", args.dataset, args.data_dir, progress=False)
+    jobs = {}
+    if args.study == "main":
+        jobs["authors"] = dict(protocol="authors", seeds=5, conditions=("v5", "mrl"))
+        for c in ("inverted", "no_prefix", "uhmt"):                 # one file each, so that they can run side by side
+            jobs[f"authors_{c}"] = dict(protocol="authors", seeds=5, conditions=(c,))
+        jobs["paper-text"] = dict(protocol="paper-text", seeds=5)
+    else:
+        three = dict(seeds=3, conditions=("v5",))                  # the two protocols themselves: the main study's first 3 seeds
+        for name, (add, remove) in DIFFERENCES.items():
+            key = name.replace(" ", "_")
+            jobs[f"toggle_paper-text+{key}"] = dict(protocol="paper-text", **three, **add)
+            jobs[f"toggle_authors-{key}"] = dict(protocol="authors", **three, **remove)
+        jobs["toggle_paper-text+metric_terms+prefix_labels"] = dict(protocol="paper-text", **three, prefix_labels="first", **METRIC_TERMS)
+        jobs["toggle_mrl_paper-text+metric_terms"] = dict(protocol="paper-text", seeds=3, conditions=("mrl",), **METRIC_TERMS)
+    only = set(args.only.split(",")) if args.only else None
+    for name, kw in jobs.items():
+        path = OUT / args.dataset / f"{name}.json"
+        if (only and name not in only) or (path.exists() and not args.force):
+            continue
+        t = time.time()
+        res = run_fractal("embedded", args.data_dir, data, progress=False, **kw)
+        save(path, res, time.time() - t, f"python experiments/fractal_protocols.py {args.study} --dataset {args.dataset} --only {name}")
+
+
+if __name__ == "__main__":
+    main()
