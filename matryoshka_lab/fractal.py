@@ -433,9 +433,9 @@ def project(head: FractalHead, h: torch.Tensor, batch: int = 4096) -> torch.Tens
     return torch.cat([head(h[s:s + batch].float()) for s in range(0, len(h), batch)]).double()
 
 @torch.no_grad()
-def prefix_views(head: FractalHead, h: torch.Tensor) -> torch.Tensor:
-    "What k-NN reads at each prefix, [J, N, D] float64 (zero-padded): prefix_view of blocks 1..j for j < J, full_view at j = J."
-    e = project(head, h).float()
+def prefix_views(head: FractalHead, h: torch.Tensor | None = None, e: torch.Tensor | None = None) -> torch.Tensor:
+    "What k-NN reads at each prefix, [J, N, D] float64 (zero-padded): prefix_view of blocks 1..j for j < J, full_view at j = J; of backbone vectors h [N, H], or of their projections e = project(head, h)."
+    e = (project(head, h) if e is None else e).float()
     J = head.n_blocks
     return torch.stack([head.prefix_view(e, j) for j in range(1, J)] + [head.full_view(e)]).double()
 
@@ -464,9 +464,8 @@ def _new_head(cfg: FractalConfig, in_dim: int, n_classes: tuple) -> FractalHead:
         return FractalHead(in_dim, n_classes, cfg.dim, len(cfg.prefix_probs), cfg.body, cfg.normalise, cfg.head_dropout, prefix_classes)
 
 # %% ../nbs/15_fractal.ipynb #15c032
-def _select(cfg: FractalConfig, head: FractalHead, train_h, train_y, val_h, val_y) -> np.ndarray:
-    "Validation k-NN accuracy per level [V] at full length: val rows against the training rows, or leave-one-out among the first selection_rows."
-    vv = prefix_views(head, val_h)[-1]
+def _select(cfg: FractalConfig, head: FractalHead, train_h, train_y, vv, val_y) -> np.ndarray:
+    "Validation k-NN accuracy per level [V] of the validation rows' full vectors vv [N, D]: against the training rows, or leave-one-out among the first selection_rows."
     if cfg.selection == "loo":
         n = min(cfg.selection_rows, len(vv))
         return loo_knn_accuracy(vv[:n], _levels(val_y[:, :n]), cfg.k)
@@ -512,9 +511,10 @@ def train_head(cfg: FractalConfig, train_h: torch.Tensor, train_y: torch.Tensor,
                 if sched is not None:
                     sched.step()
                 total += float(loss.detach()) * len(idx)
-            val = _select(cfg, head, train_h, train_y, val_h, val_y)
+            views = prefix_views(head, val_h)
+            val = _select(cfg, head, train_h, train_y, views[-1], val_y)
+            views = views.float()
             with torch.no_grad():   # the classifiers themselves: coarse head on the first prefix, fine head on the full vector
-                views = prefix_views(head, val_h).float()
                 hacc = {f"val_head_L{v}": float((head.logits(views[j], v).argmax(1) == val_y[v]).double().mean())
                         for v, j in ((0, 0), (V - 1, head.n_blocks - 1))}
             history.append({"epoch": epoch + 1, "loss": total / (n_batches * cfg.batch_size if cfg.drop_last else len(train_h)),
@@ -611,11 +611,11 @@ def run_condition(cfg: FractalConfig, data: FractalData, split: dict, progress: 
     head, history = train_head(cfg, data.train_h[tr], data.train_y[:, tr], data.train_h[va], data.train_y[:, va],
                                data.n_classes, progress)
     ytr, yte = _levels(data.train_y[:, tr]), _levels(data.test_y[:, te])
-    test_views = prefix_views(head, data.test_h[te])
-    grids = eval_grids(prefix_views(head, data.train_h[tr]), ytr, test_views, yte, cfg.k)
+    etr, ete = project(head, data.train_h[tr]), project(head, data.test_h[te])          # the head runs once per row
+    test_views = prefix_views(head, e=ete)
+    grids = eval_grids(prefix_views(head, e=etr), ytr, test_views, yte, cfg.k)
     curve = {n: steerability(loo_grid(test_views, yte, n, cfg.k)) for n in LOO_CURVE if n < len(te)}
     as_dict = lambda a: {lv: row.tolist() for lv, row in zip(ytr, a)}
-    etr, ete = project(head, data.train_h[tr]), project(head, data.test_h[te])
     best = max(history, key=lambda r: r["val_score"])
     return {"condition": cfg.condition, "seed": cfg.seed, **steerability_metrics(grids[cfg.evaluation]),
             "S_by_eval": {ev: steerability_metrics(grids[ev])["S"] for ev in EVALUATIONS}, "S_by_loo_rows": curve,
