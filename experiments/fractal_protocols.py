@@ -3,6 +3,8 @@
     python experiments/fractal_protocols.py main      # CLINC, 5 seeds: every condition under both protocols
     python experiments/fractal_protocols.py toggles   # CLINC, 3 seeds, V5 (and MRL) with each difference toggled alone
     python experiments/fractal_protocols.py toggles --only 'toggle_paper-text+metric_terms'   # one of them
+    python experiments/fractal_protocols.py main --dataset trec --only authors --workers 2     # Table 3's other datasets
+    python experiments/fractal_protocols.py more [--dataset clinc150]   # authors: three levels, synthetic K0, capacity, lr
 
 Writes small JSON result files under results/fractal/ (re-running replaces a file; an existing file is skipped unless
 --force). Reads the datasets from $MATRYOSHKA_LAB_DATA (or --data-dir); the backbone vectors come from encode_cached.
@@ -13,10 +15,12 @@ import os
 import time
 from pathlib import Path
 
-from matryoshka_lab.fractal import fractal_data, run_fractal
+from matryoshka_lab.fractal import CLINC_SUPER_DOMAINS, add_parent_level, fractal_data, run_fractal, synthetic_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "fractal"
+K0S = (2, 3, 5, 10, 15, 25, 50, 75)                 # Table 5
+BLOCKS = (16, 32, 48, 64, 96, 128)                  # Fig. 6: d_s, four blocks each (projection width 4 d_s)
 METRIC_TERMS = {"contrastive_weight": 1.0, "margin_weight": 0.5}
 
 # one difference at a time: (name, the options that differ) -- applied to paper-text ("+") and removed from authors ("-")
@@ -44,13 +48,31 @@ def save(path: Path, res: dict, seconds: float, command: str) -> None:
                                   for c, v in s.items()) + f"  ({seconds:.0f} s)", flush=True)
 
 
+def save_rows(path: Path, rows: list, seconds: float, command: str, **info) -> None:
+    "Write a sweep (one row per run) with the wall time and the command that made it."
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**info, "rows": rows, "seconds": round(seconds, 1), "command": command}, indent=1, allow_nan=False))
+    print(f"{path.stem}: {len(rows)} runs ({seconds:.0f} s)", flush=True)
+
+
+def capacity_rows(data, workers: int) -> list:
+    "Fig. 6 under the authors' protocol: V5 and MRL, 3 seeds, for every block size d_s."
+    rows = []
+    for d in BLOCKS:
+        res = run_fractal("embedded", None, data, seeds=3, conditions=("v5", "mrl"), dim=4 * d, progress=False, workers=workers)
+        rows += [{"d_s": d, "seed": r["seed"], "condition": r["condition"], "S": r["S"], **{f"S[{ev}]": v for ev, v in r["S_by_eval"].items()}}
+                 for r in res["runs"]]
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("study", choices=("main", "toggles"))
+    p.add_argument("study", choices=("main", "toggles", "more"))
     p.add_argument("--data-dir", default=os.environ.get("MATRYOSHKA_LAB_DATA"))
     p.add_argument("--dataset", default="clinc150")
     p.add_argument("--only", default=None, help="comma-separated result names to run (default: all of the study)")
     p.add_argument("--force", action="store_true", help="recompute result files that exist")
+    p.add_argument("--workers", type=int, default=1, help="heads trained at a time, one process each (default 1)")
     args = p.parse_args()
     data = fractal_data("embedded", args.dataset, args.data_dir, progress=False)
     jobs = {}
@@ -59,7 +81,7 @@ def main() -> None:
         for c in ("inverted", "no_prefix", "uhmt"):                 # one file each, so that they can run side by side
             jobs[f"authors_{c}"] = dict(protocol="authors", seeds=5, conditions=(c,))
         jobs["paper-text"] = dict(protocol="paper-text", seeds=5)
-    else:
+    elif args.study == "toggles":
         three = dict(seeds=3, conditions=("v5",))                  # the two protocols themselves: the main study's first 3 seeds
         for name, (add, remove) in DIFFERENCES.items():
             key = name.replace(" ", "_")
@@ -68,13 +90,45 @@ def main() -> None:
         jobs["toggle_paper-text+metric_terms+prefix_labels"] = dict(protocol="paper-text", **three, prefix_labels="first", **METRIC_TERMS)
         jobs["toggle_mrl_paper-text+metric_terms"] = dict(protocol="paper-text", seeds=3, conditions=("mrl",), **METRIC_TERMS)
     only = set(args.only.split(",")) if args.only else None
+    if args.study == "more":
+        more(args, data, only)
+        return
     for name, kw in jobs.items():
         path = OUT / args.dataset / f"{name}.json"
         if (only and name not in only) or (path.exists() and not args.force):
             continue
         t = time.time()
-        res = run_fractal("embedded", args.data_dir, data, progress=False, **kw)
+        res = run_fractal("embedded", args.data_dir, data, progress=False, workers=args.workers, **kw)
         save(path, res, time.time() - t, f"python experiments/fractal_protocols.py {args.study} --dataset {args.dataset} --only {name}")
+
+
+
+def more(args, data, only) -> None:
+    "The rest of the study under the authors' protocol: three levels and lr (CLINC), synthetic K0 (CLINC), capacity (any)."
+    out, cmd = OUT / args.dataset, f"python experiments/fractal_protocols.py more --dataset {args.dataset} --only "
+    todo = lambda name: (not only or name in only) and (args.force or not any(out.glob(f"{name}.json")))
+    if args.dataset == "clinc150":
+        if todo("authors_3level"):
+            t = time.time()
+            three = add_parent_level(fractal_data("embedded", "clinc150", args.data_dir, levels="all", progress=False),
+                                     CLINC_SUPER_DOMAINS, "super_domain")
+            res = run_fractal("embedded", None, three, seeds=5, conditions=("v5", "mrl"), progress=False, workers=args.workers)
+            save(out / "authors_3level.json", res, time.time() - t, cmd + "authors_3level")
+        for lr in (1e-3, 1e-2):
+            name = f"authors_lr{lr:.0e}"
+            if todo(name):
+                t = time.time()
+                res = run_fractal("embedded", None, data, seeds=5, conditions=("v5", "mrl"), lr=lr, progress=False, workers=args.workers)
+                save(out / f"{name}.json", res, time.time() - t, cmd + name)
+        if todo("authors_synthetic"):
+            t = time.time()
+            df = synthetic_sweep(data, K0S, seeds=3, progress=False, workers=args.workers)
+            save_rows(out / "authors_synthetic.json", df.to_dict(orient="records"), time.time() - t, cmd + "authors_synthetic",
+                      protocol="authors", k0s=list(K0S))
+    if todo("authors_capacity"):
+        t = time.time()
+        save_rows(out / "authors_capacity.json", capacity_rows(data, args.workers), time.time() - t, cmd + "authors_capacity",
+                  protocol="authors", block_dims=list(BLOCKS))
 
 
 if __name__ == "__main__":

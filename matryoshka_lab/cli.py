@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-test", type=int, default=None, help="test rows, first of a seeded shuffle (default: the protocol's, 2000)")
     f.add_argument("--val-frac", type=float, default=None, help="validation share of the training rows (default: the protocol's)")
     f.add_argument("--split-seed", type=int, default=None, help="one split for every seed (default: the protocol's)")
+    f.add_argument("--workers", type=int, default=1, help="heads trained at a time, each in its own process with its share of the threads (default 1)")
     f.add_argument("--out", required=True, help="JSON file to write")
     f.add_argument("--no-progress", action="store_true", help="no progress bars")
     sub.add_parser("tasks", help="list the task names")
@@ -160,7 +161,7 @@ def _fractal(args) -> None:
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     given = {k: getattr(args, k) for k in ("max_train", "max_test", "val_frac", "split_seed") if getattr(args, k) is not None}
     res = run_fractal(args.model, args.data_dir, args.dataset, seeds=args.seeds, conditions=conditions, protocol=args.protocol,
-                      epochs=args.epochs, progress=not args.no_progress, **given)
+                      epochs=args.epochs, progress=not args.no_progress, workers=args.workers, **given)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, allow_nan=False))
     _print_fractal(res)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,8 +32,8 @@ __all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'P
            'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'FractalConfig', 'fractal_config',
            'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids', 'train_head', 'encode_levels',
            'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds',
-           'run_condition', 'run_fractal', 'runs_frame', 'entropy_bits', 'conditional_entropy_bits', 'random_coarse',
-           'add_parent_level', 'synthetic_sweep', 'quadratic_fit']
+           'run_condition', 'run_fractal', 'runs_frame', 'cross_dataset', 'entropy_bits', 'conditional_entropy_bits',
+           'random_coarse', 'add_parent_level', 'synthetic_sweep', 'quadratic_fit']
 
 # %% ../nbs/15_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -677,18 +679,53 @@ def _jsonable(x):
     return x
 
 # %% ../nbs/15_fractal.ipynb #15c044
+_WORKER_DATA = None
+
+def _worker_init(data_fields: list, threads: int) -> None:
+    "A worker process: its share of the CPU threads and the dataset (FractalData's fields), sent once."
+    global _WORKER_DATA
+    torch.set_num_threads(threads)
+    _WORKER_DATA = FractalData(*data_fields)
+
+def _worker_run(cfg_fields: dict) -> dict:
+    split = cfg_fields.pop("_split")
+    return run_condition(FractalConfig(**cfg_fields), _WORKER_DATA, split)
+
+def _run_jobs(jobs: list, data: FractalData, workers: int, bar) -> list[dict]:
+    "run_condition on every (cfg, split) of jobs, in this process or in `workers` spawned processes (each torch.get_num_threads() // workers threads); results in job order."
+    def done(r):
+        bar.update(1); bar.set_postfix(condition=r["condition"], seed=r["seed"], S=f"{r['S']:+.3f}")
+        return r
+    if workers == 1 or len(jobs) == 1:
+        return [done(run_condition(cfg, data, split)) for cfg, split in jobs]
+    # workers import the installed library and get plain fields, so this also runs from the notebook that defines it
+    from matryoshka_lab import fractal as lib
+    threads = max(1, torch.get_num_threads() // workers)
+    fields = [getattr(data, f) for f in FractalData.__dataclass_fields__]
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=lib._worker_init, initargs=(fields, threads)) as pool:
+        futures = [pool.submit(lib._worker_run, {**asdict(cfg), "_split": split}) for cfg, split in jobs]
+        try:
+            for f in as_completed(futures):
+                done(f.result())
+        except BaseException:                      # a failed head (or Ctrl-C): stop the queued ones, report the first error
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return [f.result() for f in futures]
+
 def run_fractal(model: str | Path = "embedded", data_dir: str | Path | None = None, dataset: str | FractalData = "clinc150", seeds=5,
                 conditions=CONDITIONS, protocol: str = "authors", cache_dir: str | Path | None = None,
-                progress: bool = True, **overrides) -> dict:
-    "Every (seed, condition) head on a frozen backbone (a task name, or a FractalData) under a protocol with overrides: per-run grids, per-condition S under every evaluation, paired statistics (JSON-ready)."
+                progress: bool = True, workers: int = 1, **overrides) -> dict:
+    "Every (seed, condition) head on a frozen backbone (a task name, or a FractalData) under a protocol with overrides, `workers` heads at a time: per-run grids, per-condition S under every evaluation, paired statistics (JSON-ready)."
     seeds, conditions = fractal_seeds(seeds), list(conditions)
     if not conditions:
         raise ValueError(f"conditions is empty: choose from {', '.join(CONDITIONS)}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     configs = {(s, c): fractal_config(protocol, condition=c, seed=s, **overrides) for s in seeds for c in conditions}
     cfg0 = configs[(seeds[0], conditions[0])]
     data = dataset if isinstance(dataset, FractalData) else fractal_data(model, dataset, data_dir, cache_dir, progress)
-    runs, backbone, untrained = [], [], []
-    bar = tqdm(total=len(configs), desc=f"fractal {data.name} ({protocol})", disable=not progress)
+    jobs, backbone, untrained = [], [], []
     for s in seeds:
         split = seed_split(data, s if cfg0.split_seed is None else cfg0.split_seed, cfg0.val_frac, cfg0.max_train, cfg0.max_test)
         tr, te = torch.as_tensor(split["train"]), torch.as_tensor(split["test"])
@@ -696,10 +733,9 @@ def run_fractal(model: str | Path = "embedded", data_dir: str | Path | None = No
         backbone.append(eval_grids(data.train_h[tr][None].double(), ytr, data.test_h[te][None].double(), yte, cfg0.k))
         head0 = _new_head(configs[(s, conditions[0])], data.train_h.shape[1], data.n_classes)   # control: never trained
         untrained.append(eval_grids(prefix_views(head0, data.train_h[tr]), ytr, prefix_views(head0, data.test_h[te]), yte, cfg0.k))
-        for c in conditions:
-            runs.append(run_condition(configs[(s, c)], data, split))
-            bar.update(1); bar.set_postfix(condition=c, seed=s, S=f"{runs[-1]['S']:+.3f}")
-    bar.close()
+        jobs += [(configs[(s, c)], split) for c in conditions]
+    with tqdm(total=len(jobs), desc=f"fractal {data.name} ({protocol})", disable=not progress) as bar:
+        runs = _run_jobs(jobs, data, workers, bar)
     summary = _summary(runs, conditions)
     stats_by_eval = {ev: _paired_stats({c: summary[c]["S_by_eval"][ev] for c in conditions}) for ev in EVALUATIONS}
     base = {k: v for k, v in asdict(cfg0).items() if k not in ("condition", "seed")}
@@ -728,6 +764,43 @@ def runs_frame(result: dict) -> pd.DataFrame:
             row |= {f"{lv}@{d}": a for d, a in zip(result["dims"], acc)}
         rows.append(row)
     return pd.DataFrame(rows)
+
+# %% ../nbs/15_fractal.ipynb #15c046c
+def cross_dataset(results: dict, evaluation: str | None = None, reference: str = "v5", baseline: str = "mrl") -> tuple[pd.DataFrame, dict]:
+    "{dataset: run_fractal result} -> (one row per dataset: S of both conditions, paired t, d_z, Holm p_adj; pooled: DerSimonian-Laird over d_z + sign test over datasets) under one evaluation (default: each result's headline)."
+    if not results:
+        raise ValueError("results is empty: pass {dataset: run_fractal result}")
+    rows, d, n = {}, [], []
+    for name, r in results.items():
+        ev = evaluation or r["evaluation"]
+        if ev not in EVALUATIONS:
+            raise ValueError(f"evaluation must be one of {', '.join(EVALUATIONS)}, got {ev!r}")
+        missing = [c for c in (reference, baseline) if c not in r["summary"]]
+        if missing:
+            raise ValueError(f"{name}: no {', '.join(missing)} runs (conditions: {', '.join(r['summary'])})")
+        seeds = {c: [x["seed"] for x in r["runs"] if x["condition"] == c] for c in (reference, baseline)}
+        if seeds[reference] != seeds[baseline]:
+            raise ValueError(f"{name}: {reference} and {baseline} ran different seeds ({seeds[reference]} vs {seeds[baseline]}); the test pairs them by seed")
+        a, b = (r["summary"][c]["S_by_eval"][ev] for c in (reference, baseline))
+        t = stats.paired_ttest(a, b)
+        rows[name] = {"K0 -> K1": f"{r['n_classes'][0]} -> {r['n_classes'][-1]}", "seeds": len(a),
+                      f"{reference} S": float(np.mean(a)), f"{reference} SD": float(np.std(a, ddof=1)),
+                      f"{baseline} S": float(np.mean(b)), f"{baseline} SD": float(np.std(b, ddof=1)),
+                      "gap": float(np.mean(a) - np.mean(b)), "t": t["t"],
+                      "p": t["p"] if np.isfinite(t["t"]) else np.nan, "d": stats.cohens_d_paired(a, b)}   # equal differences: no test
+        d.append(rows[name]["d"]); n.append(len(a))
+    table = pd.DataFrame(rows).T
+    p = table["p"].astype(float)
+    table["p_adj"] = np.nan                                 # an undefined p (every seed's difference equal) stays out of Holm
+    if p.notna().any():
+        table.loc[p.notna(), "p_adj"] = stats.holm(p[p.notna()].to_dict())["p_adj"]
+    d, n = np.asarray(d, dtype=np.float64), np.asarray(n)
+    ok = np.isfinite(d)
+    pooled = stats.dersimonian_laird(d[ok], stats.paired_d_variance(d[ok], n[ok])) if ok.sum() >= 2 else {}
+    pooled["excluded"] = [name for name, good in zip(table.index, ok) if not good]   # datasets whose d_z is undefined
+    gaps = table["gap"].astype(float).to_numpy()
+    pooled["sign"] = stats.sign_test(gaps) if np.any(gaps != 0) else None
+    return table, pooled
 
 # %% ../nbs/15_fractal.ipynb #742979bd
 CLINC_SUPER_DOMAINS = {"banking": "finance", "credit_cards": "finance", "home": "home_life", "kitchen_and_dining": "home_life",
@@ -773,7 +846,7 @@ def add_parent_level(data: FractalData, parent_of: dict, name: str) -> FractalDa
 # %% ../nbs/15_fractal.ipynb #68e6ecc9
 def synthetic_sweep(data: FractalData, k0s=(2, 3, 5, 10, 15, 25, 50, 75), seeds=3, conditions=("v5", "mrl"),
                     progress: bool = True, **kw) -> pd.DataFrame:
-    "Table 5: run_fractal on random_coarse(data, K0, seed) for every K0 and seed -> one row per (K0, seed, condition) with H(L0), H(L1|L0), S and the grids."
+    "Table 5: run_fractal on random_coarse(data, K0, seed) for every K0 and seed -> one row per (K0, seed, condition) with H(L0), H(L1|L0), S (headline, then S[evaluation]) and the headline grids."
     seeds, rows = fractal_seeds(seeds), []
     bar = tqdm(total=len(k0s) * len(seeds), desc=f"synthetic {data.name}", disable=not progress)
     for k0 in k0s:
@@ -784,6 +857,7 @@ def synthetic_sweep(data: FractalData, k0s=(2, 3, 5, 10, 15, 25, 50, 75), seeds=
                     "H_L1_given_L0": conditional_entropy_bits(syn.train_y[1], syn.train_y[0]), "branch": syn.n_classes[1] / k0}
             for r in res["runs"]:
                 rows.append({**info, **{k: r[k] for k in ("condition", "S", "S_AUC", "S_mono")},
+                             **{f"S[{ev}]": r["S_by_eval"][ev] for ev in EVALUATIONS},
                              **{f"{lv}@{d}": a for lv, acc in r["acc"].items() for d, a in zip(res["dims"], acc)}})
             bar.update(1); bar.set_postfix(K0=k0, seed=s, S=" ".join(f"{r['S']:+.3f}" for r in res["runs"]))
     bar.close()

@@ -82,7 +82,7 @@ def test_eval_without_tasks_or_run_dir_says_what_it_needs(tmp_path):
 def test_fractal_writes_json(tiny_model_dir, tmp_path):
     out = tmp_path / "fractal.json"
     res = run("fractal", "--model", str(tiny_model_dir), "--dataset", "builtin_intents", "--seeds", "2", "--epochs", "1",
-              "--conditions", "v5,mrl,inverted", "--out", str(out), "--no-progress",
+              "--conditions", "v5,mrl,inverted", "--workers", "2", "--out", str(out), "--no-progress",
               env={"MATRYOSHKA_LAB_CACHE": str(tmp_path / "cache")})
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -111,6 +111,7 @@ def test_fractal_writes_json(tiny_model_dir, tmp_path):
     (["--dataset", "builtin_intents", "--conditions", "v5,flat"],
      "error: unknown condition 'flat'; conditions are v5, mrl, inverted, no_prefix, uhmt"),
     (["--dataset", "builtin_intents", "--epochs", "0"], "error: epochs must be at least 1, got 0"),
+    (["--dataset", "builtin_intents", "--workers", "0"], "error: workers must be at least 1, got 0"),
     ([], "matryoshka-lab fractal: error: the following arguments are required: --dataset"),
 ])
 def test_fractal_argument_errors(tmp_path, args, message):
