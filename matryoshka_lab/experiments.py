@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from .data import task_spec
 from .encoder import Encoder
 from .eval import evaluate
-from .trainer import TrainConfig, Trainer, make_config
+from .trainer import TrainConfig, Trainer, config_changes, make_config
 
 # %% auto #0
 __all__ = ['STS_TEST', 'BASELINES', 'VARIANTS', 'MIPIC_SWEEP', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config',
@@ -26,7 +26,8 @@ STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
 BASELINES = ("untrained", "base", "mrl", "2dmse", "ese")
 VARIANTS = {   # name -> what it trains with; the papers' ablations are variants of their method
     "untrained": {"method": "base"}, "base": {"method": "base"}, "mrl": {"method": "mrl"},
-    "2dmse": {"method": "2dmse", "kl_temperature": 0.05},
+    "2dmse": {"method": "2dmse", "loss_options": {"alignment": "features"}},          # Eq. 6 as the authors' code (06_losses)
+    "2dmse_similarity": {"method": "2dmse", "loss_options": {"alignment": "similarity"}},   # our earlier in-batch reading
     "ese": {"method": "ese", "kl_temperature": 1.0, "compression_size": 128},
     "mipic": {"method": "mipic"},
     "mipic_no_sia": {"method": "mipic", "loss_options": {"use_sia": False}},          # mipic.txt Table 3
@@ -67,9 +68,13 @@ def run_one(method: str, seed: int, out: str | Path, setting: str = "angle", pro
     "The layer x dim grid of one method and seed, from OUT/METHOD_seedSEED: read back if finished, else trained now."
     run_dir = Path(out) / f"{method}_seed{seed}"
     grid_csv = run_dir / "grid.csv"
+    cfg = baseline_config(method, seed, run_dir, setting, **overrides)
+    changed = config_changes(run_dir, cfg)
+    if changed:                   # a run of another definition of this variant: never read back under this name
+        raise ValueError(f"{str(run_dir)!r} holds a {method} run with a different config ({', '.join(changed)}); "
+                         "move it aside or pass another out")
     if grid_csv.is_file() and (method == "untrained" or (run_dir / "model").is_dir()):
         return pd.read_csv(grid_csv)
-    cfg = baseline_config(method, seed, run_dir, setting, **overrides)
     if method == "untrained":
         df = evaluate(Encoder.from_pretrained(cfg.model, pooling=cfg.pooling), list(cfg.eval_tasks),
                       layers=cfg.eval_layers, dims=list(cfg.eval_dims or cfg.dims), data_dir=cfg.data_dir,

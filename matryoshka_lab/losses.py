@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'LossOutput', 'cosine_matrix', 'info_nce', 'cosent', 'angle', 'linear_ce',
-           'get_objective', 'MRL', 'similarity_kl', 'TwoDMSE', 'ese_projection', 'distill', 'ESE']
+__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'cosine_matrix', 'info_nce', 'cosent', 'angle', 'linear_ce',
+           'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'ese_projection', 'distill', 'ESE']
 
 # %% ../nbs/06_losses.ipynb #06c005
 @dataclass
@@ -138,8 +138,16 @@ def similarity_kl(student_a: torch.Tensor, student_b: torch.Tensor, teacher_a: t
     p = F.softmax((teacher.detach() if detach_target else teacher) / temperature, dim=-1)
     return F.kl_div(log_q, p, reduction="batchmean")
 
+def feature_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0,
+               detach_target: bool = False) -> torch.Tensor:
+    "The 2DMSE authors' alignment: KL(softmax(teacher/T) || softmax(student/T)) over each row's features, batch mean, x T^2; [n, D]."
+    log_q = F.log_softmax(student / temperature, dim=-1)
+    p = F.softmax((teacher.detach() if detach_target else teacher) / temperature, dim=-1)
+    return F.kl_div(log_q, p, reduction="batchmean") * temperature ** 2
+
 # %% ../nbs/06_losses.ipynb #06c024
 TWO_D_TERMS = ("last_full", "shallow_full", "last_prefix", "shallow_prefix", "align")
+ALIGNMENTS = {"features": (1.0, False), "similarity": (0.05, True)}   # alignment -> default (kl_temperature, detach_target)
 
 @dataclass(frozen=True)
 class TwoDMSE:
@@ -147,8 +155,9 @@ class TwoDMSE:
     objective: Callable = angle                    # the paper trains with AnglE
     dims: tuple | None = None                      # nested prefix sizes d is drawn from (None: 8, 16, ... < D)
     lambdas: dict | None = None                    # weight per term in TWO_D_TERMS (default 1 each)
-    kl_temperature: float = 0.05                   # temperature of the aligned similarity distributions
-    detach_target: bool = True                     # the last layer is the (fixed) teacher in L_align
+    alignment: str = "features"                    # Eq. 6: "features" (the authors' code) or "similarity" (in-batch)
+    kl_temperature: float | None = None            # None: the alignment's (features 1, similarity 0.05)
+    detach_target: bool | None = None              # the last layer a fixed teacher? None: the alignment's (no, yes)
     name: str = "2dmse"
 
     def __post_init__(self):
@@ -160,6 +169,13 @@ class TwoDMSE:
             raise ValueError(f"unknown 2DMSE terms {sorted(unknown)}; terms are {', '.join(TWO_D_TERMS)}")
         lam.update(self.lambdas or {})
         object.__setattr__(self, "lambdas", lam)
+        if self.alignment not in ALIGNMENTS:
+            raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}, got {self.alignment!r}")
+        temperature, detach = ALIGNMENTS[self.alignment]
+        if self.kl_temperature is None:
+            object.__setattr__(self, "kl_temperature", temperature)
+        if self.detach_target is None:
+            object.__setattr__(self, "detach_target", detach)
         if self.kl_temperature <= 0:
             raise ValueError(f"kl_temperature must be positive, got {self.kl_temperature}")
 
@@ -169,6 +185,14 @@ class TwoDMSE:
         for d in dims:
             _check_size(d, D)
         return dims
+
+    def align(self, a: torch.Tensor, b: torch.Tensor, layer: int, dim: int) -> torch.Tensor:
+        "Eq. 6 between hidden state `layer` and the last one of a, b [L+1, B, D], under self.alignment."
+        T, detach = self.kl_temperature, self.detach_target
+        if self.alignment == "features":                       # every text of the batch, full width
+            return feature_kl(torch.cat([a[layer], b[layer]]), torch.cat([a[-1], b[-1]]), T, detach)
+        return (similarity_kl(a[layer], b[layer], a[-1], b[-1], T, detach)
+                + similarity_kl(a[layer, :, :dim], b[layer, :, :dim], a[-1, :, :dim], b[-1, :, :dim], T, detach))
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, target=None, generator=None,
                  layer: int | None = None, dim: int | None = None) -> LossOutput:
@@ -192,10 +216,7 @@ class TwoDMSE:
                  "shallow_full": (f"L{layer}/d{D}/{name}", lambda: obj(a[layer], b[layer], target)),
                  "last_prefix": (f"L{N}/d{dim}/{name}", lambda: obj(a[N, :, :dim], b[N, :, :dim], target)),
                  "shallow_prefix": (f"L{layer}/d{dim}/{name}", lambda: obj(a[layer, :, :dim], b[layer, :, :dim], target)),
-                 "align": (f"L{layer}/align", lambda: similarity_kl(a[layer], b[layer], a[N], b[N], self.kl_temperature,
-                                                                   self.detach_target)
-                           + similarity_kl(a[layer, :, :dim], b[layer, :, :dim], a[N, :, :dim], b[N, :, :dim],
-                                           self.kl_temperature, self.detach_target))}
+                 "align": (f"L{layer}/align", lambda: self.align(a, b, layer, dim))}
         total, parts = 0.0, {}
         for term, (label, fn) in terms.items():
             if lam[term]:
@@ -237,8 +258,9 @@ class ESE:
         k, name = self.compression_size, getattr(self.objective, "__name__", "loss")
         value = self.objective(x[:, :k], y[:, :k], target)
         parts[f"{tag}/d{k}/{name}"] = value.item()
-        if self.compress:
-            c = distill(x[:, :k], ese_projection(x, k), self.kl_temperature)
+        if self.compress:                           # every text of the batch: both views / sides, [2B, D]
+            xy = torch.cat([x, y])
+            c = distill(xy[:, :k], ese_projection(xy, k), self.kl_temperature)
             parts[f"{tag}/d{k}/compress"] = c.item()
             value = value + c
         return value

@@ -29,14 +29,15 @@ from .losses import ESE, MRL, TwoDMSE, get_objective
 from .runs import RunLog, read_run
 
 # %% auto #0
-__all__ = ['METHODS', 'PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'TrainData',
-           'training_data', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint', 'latest_checkpoint',
-           'load_checkpoint', 'export_model', 'CancelFit', 'Callback', 'EvalCallback', 'CheckpointCallback', 'Trainer',
-           'Launched', 'launch']
+__all__ = ['METHODS', 'PAIR_OBJECTIVES', 'LOSS_OPTION_METHODS', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config',
+           'TrainData', 'training_data', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint',
+           'latest_checkpoint', 'load_checkpoint', 'export_model', 'CancelFit', 'Callback', 'EvalCallback',
+           'CheckpointCallback', 'Trainer', 'config_changes', 'Launched', 'launch']
 
 # %% ../nbs/08_trainer.ipynb #08c006
 METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic", "distill_nc")
 PAIR_OBJECTIVES = ("infonce", "cosent", "angle")
+LOSS_OPTION_METHODS = ("2dmse", "ese", "mipic", "mic", "distill_nc")   # losses with keyword options
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -45,7 +46,7 @@ class TrainConfig:
     data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA
     run_dir: str = "runs/mrl"                 # where config.json, metrics.jsonl, checkpoints/ and model/ go
     method: str = "mrl"                       # base (no Matryoshka), mrl, 2dmse, ese, mipic, mic, distill_nc
-    loss_options: dict = field(default_factory=dict)   # mipic / mic / distill_nc: keyword arguments of their loss
+    loss_options: dict = field(default_factory=dict)   # 2dmse / ese / mipic / mic / distill_nc: keywords of their loss
     teacher: str = "embedded"                 # distill_nc: the teacher model (name, folder, run directory or Hub id)
     teacher_layer: int = -1                   # distill_nc: the teacher's hidden state (-1: last)
     label_level: str | None = None            # distill_nc on a hierarchy task: the labels' level (default: the finest)
@@ -95,8 +96,8 @@ class TrainConfig:
                                                  f"number of steps, got {self.diagnostics_every}")]
         checks.append((isinstance(self.loss_options, dict),
                        f"loss_options must be a mapping of option names to values, got {self.loss_options!r}"))
-        checks.append((not self.loss_options or self.method in ("mipic", "mic", "distill_nc"),
-                       f"loss_options apply to the mipic, mic and distill_nc methods, not {self.method!r}"))
+        checks.append((not self.loss_options or self.method in LOSS_OPTION_METHODS,
+                       f"loss_options apply to the {', '.join(LOSS_OPTION_METHODS)} methods, not {self.method!r}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -193,12 +194,12 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
         return MRL(objective, dims=(hidden_size,), name="base")
     if cfg.method == "mrl":
         return MRL(objective, dims=dims, n_dims_per_step=cfg.n_dims_per_step)
+    from_config = {"kl_temperature": cfg.kl_temperature} if cfg.kl_temperature is not None else {}
     if cfg.method == "2dmse":
-        return TwoDMSE(objective, dims=tuple(d for d in dims if d < hidden_size) or None,
-                       kl_temperature=cfg.kl_temperature or 0.05)
-    if cfg.method == "ese":
-        return ESE(objective, compression_size=cfg.compression_size, kl_temperature=cfg.kl_temperature or 1.0)
-    if cfg.method == "mipic":
+        cls, fixed = TwoDMSE, {"dims": tuple(d for d in dims if d < hidden_size) or None, **from_config}
+    elif cfg.method == "ese":
+        cls, fixed = ESE, {"compression_size": cfg.compression_size, **from_config}
+    elif cfg.method == "mipic":
         from matryoshka_lab.mipic import MIPIC as cls
     elif cfg.method == "mic":
         from matryoshka_lab.mic import MIC as cls
@@ -206,11 +207,16 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
         from matryoshka_lab.distill import DistillLoss as cls
     import inspect
     known = set(inspect.signature(cls).parameters) - {"objective", "dims", "hidden_size", "num_layers", "teacher_dim",
-                                                      "n_classes"}
+                                                      "n_classes", "name"}
     unknown = sorted(set(cfg.loss_options) - known)
     if unknown:
         raise ValueError(f"unknown {cfg.method} loss option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                          f"known: {', '.join(sorted(known))}")
+    if cfg.method in ("2dmse", "ese"):
+        own = sorted({"kl_temperature", "compression_size"} & set(cfg.loss_options))
+        if own:
+            raise ValueError(f"{', '.join(own)} is a config key of its own (--set {own[0]}=...), not a loss option")
+        return cls(objective, **fixed, **cfg.loss_options)
     if cfg.method == "distill_nc":
         if data is None or data.teacher is None or data.label is None:
             raise ValueError("method distill_nc builds its loss from the training data (teacher embeddings and labels): "
@@ -538,17 +544,22 @@ Trainer.train_step = _train_step
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
                      "eval_layers", "eval_dims", "diagnostics_every", "device")   # what may differ when a run is resumed
 
+def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
+    "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."
+    path = Path(run_dir) / "config.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    current = json.loads(json.dumps(cfg.to_dict(), default=str))
+    return sorted(k for k in saved if k not in allowed and saved[k] != current.get(k))
+
 def _fit(self, resume: bool = True) -> "Trainer":
     "Train to cfg.max_steps, resuming from the run directory's latest checkpoint when there is one."
     cfg = self.config
     run_dir = Path(cfg.run_dir)
     ckpt = latest_checkpoint(run_dir) if resume else None
     if ckpt is not None:
-        saved = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
-        current = json.loads(json.dumps(cfg.to_dict(), default=str))
-        changed = {k for k in saved if k not in RESUMABLE_CHANGES and saved[k] != current.get(k)}
+        changed = config_changes(run_dir, cfg)
         if changed:
-            raise ValueError(f"run directory {str(run_dir)!r} holds a run with a different config ({', '.join(sorted(changed))}); "
+            raise ValueError(f"run directory {str(run_dir)!r} holds a run with a different config ({', '.join(changed)}); "
                              "use another run_dir, or the same config to resume")
         self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
                                     self.loss_module)

@@ -147,11 +147,18 @@ def test_a_loss_with_parameters_resumes_with_the_same_losses(tiny_encoder, tmp_p
 
 
 def test_loss_options_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="loss_options apply to the mipic, mic and distill_nc methods, not 'mrl'"):
+    with pytest.raises(ValueError, match="loss_options apply to the 2dmse, ese, mipic, mic, distill_nc methods, not 'mrl'"):
         make_config({"method": "mrl", "loss_options": {"alpha": 0.5}})
     from matryoshka_lab.trainer import make_loss
     with pytest.raises(ValueError, match="unknown mic loss option 'alpha'; known: "):
         make_loss(make_config({"method": "mic", "loss_options": {"alpha": 0.5}}), 384, 6)
+    with pytest.raises(ValueError, match="unknown 2dmse loss option 'dims'; known: alignment, detach_target, "):
+        make_loss(make_config({"method": "2dmse", "loss_options": {"dims": [8]}}), 384, 6)
+    with pytest.raises(ValueError, match=r"kl_temperature is a config key of its own \(--set kl_temperature=...\)"):
+        make_loss(make_config({"method": "ese", "loss_options": {"kl_temperature": 2.0}}), 384, 6)
+    two = make_loss(make_config({"method": "2dmse", "kl_temperature": 0.3, "loss_options": {"alignment": "similarity"}}), 384, 6)
+    assert (two.alignment, two.kl_temperature, two.detach_target) == ("similarity", 0.3, True)
+    assert make_loss(make_config({"method": "ese", "loss_options": {"compress": False}}), 384, 6).compress is False
 
 
 class Poison(Callback):
