@@ -246,6 +246,7 @@ class ESE:
     compression_size: int = 128                    # k
     kl_temperature: float = 1.0
     compress: bool = True                          # the authors' apply_ese_pca
+    compress_views: str = "both"                   # the texts compressed: "both" views / sides (the authors'), or "a"
     name: str = "ese"
 
     def __post_init__(self):
@@ -253,13 +254,15 @@ class ESE:
             raise ValueError(f"compression_size must be at least 1, got {self.compression_size}")
         if self.kl_temperature <= 0:
             raise ValueError(f"kl_temperature must be positive, got {self.kl_temperature}")
+        if self.compress_views not in ("both", "a"):
+            raise ValueError(f"compress_views must be 'both' or 'a', got {self.compress_views!r}")
 
     def _layer(self, x: torch.Tensor, y: torch.Tensor, target, tag: str, parts: dict) -> torch.Tensor:
         k, name = self.compression_size, getattr(self.objective, "__name__", "loss")
         value = self.objective(x[:, :k], y[:, :k], target)
         parts[f"{tag}/d{k}/{name}"] = value.item()
         if self.compress:                           # every text of the batch: both views / sides, [2B, D]
-            xy = torch.cat([x, y])
+            xy = torch.cat([x, y]) if self.compress_views == "both" else x
             c = distill(xy[:, :k], ese_projection(xy, k), self.kl_temperature)
             parts[f"{tag}/d{k}/compress"] = c.item()
             value = value + c
