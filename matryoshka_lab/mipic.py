@@ -77,10 +77,12 @@ def masked_log_softmax(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     "log softmax of x [..., T] over the entries where keep [..., T] is True; the others get a finite, hugely negative value."
     return x.masked_fill(~keep, torch.finfo(x.dtype).min).log_softmax(-1)
 
-@torch.no_grad()
-def teacher_attention(h: torch.Tensor, mask: torch.Tensor, tau: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
-    "Eq. 4, detached: scores s^(D) [..., B, T] = h_CLS . h_j / sqrt(D) and log a_D [..., B, T] over the candidates."
-    scores = torch.einsum("...bd,...btd->...bt", anchor_states(h, mask), h) / math.sqrt(h.shape[-1])
+def teacher_attention(h: torch.Tensor, mask: torch.Tensor, tau: float = 0.05,
+                      detach: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    "Eq. 4: scores s^(D) [..., B, T] = h_CLS . h_j / sqrt(D) and log a_D [..., B, T] over the candidates; h_CLS fixed, all of it if detach."
+    scores = torch.einsum("...bd,...btd->...bt", anchor_states(h, mask).detach(), h) / math.sqrt(h.shape[-1])
+    if detach:
+        scores = scores.detach()
     return scores, masked_log_softmax(scores / tau, candidate_mask(mask))
 
 # %% ../nbs/11_mipic.ipynb #11c012
@@ -174,9 +176,11 @@ def _row_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def sia_terms(h: torch.Tensor, mask: torch.Tensor, dims: Sequence[int], gammas: Sequence[float],
               projections: Sequence[torch.Tensor] | None = None, tau: float = 0.05, k_min: int = 8, topk: bool = True,
-              use_cka: bool = True, detach_teacher: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+              use_cka: bool = True, detach_teacher: bool = True,
+              detach_att_teacher: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     "Batch means of Eq. 6 (if projections) and Eq. 12 (if use_cka) for every layer of h [L, B, T, D] and dim: [L, K] each."
-    scores, log_teacher = teacher_attention(h, mask, tau)                               # [L, B, T]
+    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher)           # [L, B, T]
+    scores = scores.detach()                                                            # top-k only ranks them
     att = cka = None
     if projections is not None:
         kl = attention_kl(student_attention(h, mask, projections, tau), log_teacher, mask)   # [K, L, B]
@@ -256,6 +260,7 @@ class MIPIC(nn.Module):
                  views: str = "a",                      # SIA and PIC on view "a", or averaged over "both"
                  mrl_reduction: str = "sum",            # Eq. 1: unweighted sum over dims ("mean": the MRL baseline's)
                  detach_teacher: bool = True,           # the full-dim Gram of CKA is a fixed teacher
+                 detach_att_teacher: bool = False,      # a_D of Eq. 4 fixed too (the paper fixes only h_CLS)
                  detach_pic_target: bool = False,       # z_{i+1} a fixed target in Eq. 16
                  att_tau: float | None = None):         # temperature of Eq. 4-5 if not tau
         super().__init__()
@@ -300,7 +305,7 @@ class MIPIC(nn.Module):
         self.att_tau = float(att_tau) if att_tau is not None else self.tau
         self.use_sia, self.use_pic, self.use_att, self.use_cka, self.topk = use_sia, use_pic, use_att, use_cka, topk
         self.progressive_dims, self.k_min, self.pic_pooling, self.views = progressive_dims, int(k_min), pic_pooling, views
-        self.detach_teacher, self.detach_pic_target = detach_teacher, detach_pic_target
+        self.detach_teacher, self.detach_att_teacher, self.detach_pic_target = detach_teacher, detach_att_teacher, detach_pic_target
         self.mrl = MRL(objective, self.dims, reduction=mrl_reduction)
         self.projections = nn.ParameterList(                                 # P_i = [I | 0] at start (Eq. 5)
             [nn.Parameter(torch.eye(d, hidden_size)) for d in self.sia_dims] if use_sia and use_att else [])
@@ -340,7 +345,7 @@ def _self_distillation(self, out: EncoderOutput) -> LossOutput:
             h = _layer_states(out, self.layers).float()                                  # [L, B, T, D]
             grids = sia_terms(h, out.attention_mask, self.sia_dims, self.gammas,
                               list(self.projections) if self.use_att else None, self.att_tau, self.k_min,
-                              self.topk, self.use_cka, self.detach_teacher)               # att, cka: [L, K] or None
+                              self.topk, self.use_cka, self.detach_teacher, self.detach_att_teacher)   # [L, K] or None
             sia = 0.0
             for name, grid in zip(("att", "cka"), grids):
                 if grid is not None:
