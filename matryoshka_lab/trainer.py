@@ -57,6 +57,7 @@ class TrainConfig:
     batch_size: int = 32
     grad_accum: int = 1                       # micro-batches per optimizer step
     lr: float = 3e-5
+    loss_lr: float | None = None              # lr of a loss's own parameters (MIPIC's P_i, phi_i; distill_nc's projections); None: lr
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1                 # share of max_steps with a linear warm-up
     schedule: str = "linear"                  # linear, cosine or constant after warm-up
@@ -90,6 +91,7 @@ class TrainConfig:
                   (self.batch_size >= 2, f"batch_size must be at least 2 (in-batch negatives), got {self.batch_size}"),
                   (self.grad_accum >= 1, f"grad_accum must be at least 1, got {self.grad_accum}"),
                   (self.lr > 0, f"lr must be positive, got {self.lr}"),
+                  (self.loss_lr is None or self.loss_lr > 0, f"loss_lr must be positive, got {self.loss_lr}"),
                   (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
                   (self.temperature > 0, f"temperature must be positive, got {self.temperature}"),
                   (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
@@ -461,10 +463,13 @@ class Trainer:
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
-        flagged = [p for p in self.params if getattr(p, "no_weight_decay", False)]   # distill_nc's Householder signs
-        groups = [{"params": [p for p in self.params if not getattr(p, "no_weight_decay", False)]}]
-        groups += [{"params": flagged, "weight_decay": 0.0}] if flagged else []
-        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        own = {id(p) for p in self.loss_module.parameters()} if self.loss_module else set()
+        groups = {}                          # (lr, no weight decay: distill_nc's Householder signs) -> parameters
+        for p in self.params:
+            lr = config.loss_lr if id(p) in own and config.loss_lr is not None else config.lr
+            groups.setdefault((lr, getattr(p, "no_weight_decay", False)), []).append(p)
+        self.optimizer = torch.optim.AdamW([{"params": ps, "lr": lr, **({"weight_decay": 0.0} if no_decay else {})}
+                                            for (lr, no_decay), ps in groups.items()], weight_decay=config.weight_decay)
         from transformers import get_scheduler
         name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[config.schedule]
         self.scheduler = get_scheduler(name, self.optimizer, num_warmup_steps=int(config.warmup_ratio * config.max_steps),

@@ -251,3 +251,20 @@ def test_distill_nc_config_errors(tmp_path):
     data = TrainData(["a", "b"], label=np.array([0, 1]), teacher=np.zeros((2, 64), np.float32))
     with pytest.raises(ValueError, match="dim 384 exceeds the teacher's embedding size 64"):
         make_loss(make_config({"method": "distill_nc"}), 384, 6, data)
+
+
+def test_loss_lr_trains_a_losss_own_parameters_at_their_own_rate(tiny_encoder, tmp_path):
+    "loss_lr is the learning rate of MIPIC's P_i / phi_i only; the encoder keeps lr; the schedule scales both alike."
+    data = TrainData([f"sentence number {i} of the corpus" for i in range(40)])
+    cfg = make_config({"method": "mipic", "max_steps": 3, "batch_size": 4, "dims": [8, 16, 32], "eval_every": -1,
+                       "checkpoint_every": 0, "lr": 1e-4, "loss_lr": 1e-2, "run_dir": str(tmp_path / "run")})
+    tr = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, progress=False)
+    own = {id(p) for p in tr.loss_module.parameters()}
+    by_group = [({id(p) in own for p in g["params"]}, g["initial_lr"] if "initial_lr" in g else g["lr"])
+                for g in tr.optimizer.param_groups]
+    assert sorted(by_group) == [({False}, 1e-4), ({True}, 1e-2)]
+    tr.fit()
+    ratios = {g["lr"] / g["initial_lr"] for g in tr.optimizer.param_groups}
+    assert len(ratios) == 1
+    with pytest.raises(ValueError, match="loss_lr must be positive, got 0"):
+        make_config({"loss_lr": 0})
