@@ -17,10 +17,10 @@ from .encoder import EncoderOutput
 from .losses import MRL, LossOutput, _check_dims, info_nce
 
 # %% auto #0
-__all__ = ['MIPIC_PRESETS', 'mipic_checkpoints', 'anchor_index', 'candidate_mask', 'anchor_states', 'masked_log_softmax',
-           'teacher_attention', 'student_attention', 'attention_kl', 'gamma_schedule', 'topk_sizes', 'topk_tokens',
-           'linear_cka', 'centered_gram', 'gram_cka', 'masked_cka', 'prefix_grams', 'prefix_cka', 'sia_terms',
-           'pic_projector', 'pic_terms', 'MIPIC']
+__all__ = ['MIPIC_PRESETS', 'mipic_checkpoints', 'mrl_checkpoints', 'anchor_index', 'candidate_mask', 'anchor_states',
+           'masked_log_softmax', 'teacher_attention', 'student_attention', 'attention_kl', 'gamma_schedule',
+           'topk_sizes', 'topk_tokens', 'linear_cka', 'centered_gram', 'gram_cka', 'masked_cka', 'prefix_grams',
+           'prefix_cka', 'sia_terms', 'pic_projector', 'pic_terms', 'MIPIC']
 
 # %% ../nbs/11_mipic.ipynb #11c006
 MIPIC_PRESETS: dict[str, dict] = {   # App. A.5 (paper l. 805-815) and Table 6; checkpoints as (layer, dim)
@@ -58,6 +58,13 @@ def mipic_checkpoints(num_layers: int, hidden_size: int, preset: str | None = No
     if any(x >= y for x, y in pairwise(dims)):
         raise ValueError(f"preset {preset!r} cannot be scaled to hidden size {hidden_size}: dims {dims} collide")
     return out
+
+def mrl_checkpoints(num_layers: int, dims: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    "PIC checkpoints on the MRL dims: n = min(len(dims), num_layers), dims at round(linspace) of `dims` (the largest last), layers of the depth's preset when it has n checkpoints, else round(linspace(1, N, n))."
+    n = min(len(dims), num_layers)
+    ds = [dims[i] for i in _spread(0, len(dims) - 1, n)]
+    preset = next((p for p in MIPIC_PRESETS.values() if p["num_layers"] == num_layers and len(p["checkpoints"]) == n), None)
+    return tuple(zip([layer for layer, _ in preset["checkpoints"]] if preset else _spread(1, num_layers, n), ds))
 
 # %% ../nbs/11_mipic.ipynb #11c009
 def anchor_index(mask: torch.Tensor) -> torch.Tensor:
@@ -223,7 +230,7 @@ def _check_checkpoints(checkpoints, num_layers: int, hidden_size: int) -> tuple[
     return pairs
 
 def _resolve_checkpoints(num_layers, hidden_size, dims, layers, checkpoints, preset, use_pic):
-    "Explicit checkpoints; else layers paired with dims (PIC only); else the preset / spread rule."
+    "Explicit checkpoints; else layers paired with dims (PIC only); else the preset / spread rule if named; else on the MRL dims."
     if checkpoints is not None and preset is not None:
         raise ValueError("pass either checkpoints or preset, not both")
     if checkpoints is not None:
@@ -235,7 +242,9 @@ def _resolve_checkpoints(num_layers, hidden_size, dims, layers, checkpoints, pre
             raise ValueError(f"layers must have one entry per dim to pair them into PIC checkpoints (l_i, d_i): "
                              f"{len(layers)} layers, {len(dims)} dims; pass checkpoints=[(layer, dim), ...] otherwise")
         return _check_checkpoints(zip(layers, dims), num_layers, hidden_size)
-    return mipic_checkpoints(num_layers, hidden_size, preset)
+    if preset is not None:
+        return mipic_checkpoints(num_layers, hidden_size, preset)
+    return _check_checkpoints(mrl_checkpoints(num_layers, dims), num_layers, hidden_size)
 
 # %% ../nbs/11_mipic.ipynb #11c032
 class MIPIC(nn.Module):
