@@ -74,7 +74,7 @@ def main():
     dims = [d for d in DIMS if d <= enc.hidden_size]
     ba, bb = enc.tokenize(text_a, args.max_length), enc.tokenize(text_b, args.max_length)
     gen = torch.Generator().manual_seed(0)
-    mipic = MIPIC(info_nce, dims, enc.hidden_size, enc.num_layers)
+    mipic = MIPIC(info_nce, dims, enc.hidden_size, enc.num_layers, anchor="cls" if enc.pooling == "cls" else "pooled")   # as make_loss
     mic = MIC(info_nce, dims, enc.hidden_size, enc.num_layers)
     opt = torch.optim.AdamW(list(enc.parameters()) + list(mipic.parameters()), lr=0.0)   # lr 0: same work, same weights
     setups = {"base": ours(enc, MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),

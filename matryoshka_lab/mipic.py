@@ -17,7 +17,7 @@ from .encoder import EncoderOutput
 from .losses import MRL, LossOutput, _check_dims, info_nce
 
 # %% auto #0
-__all__ = ['MIPIC_PRESETS', 'mipic_checkpoints', 'mrl_checkpoints', 'anchor_index', 'candidate_mask', 'anchor_states',
+__all__ = ['MIPIC_PRESETS', 'ANCHORS', 'mipic_checkpoints', 'mrl_checkpoints', 'anchor_index', 'candidate_mask', 'anchor_states',
            'masked_log_softmax', 'teacher_attention', 'student_attention', 'attention_kl', 'gamma_schedule',
            'topk_sizes', 'topk_tokens', 'linear_cka', 'centered_gram', 'gram_cka', 'masked_cka', 'prefix_grams',
            'prefix_cka', 'sia_terms', 'pic_projector', 'pic_terms', 'MIPIC']
@@ -71,40 +71,47 @@ def anchor_index(mask: torch.Tensor) -> torch.Tensor:
     "Position of each row's [CLS] anchor: its first real token. mask [B, T] -> [B] (0 for an all-padding row)."
     return mask.to(torch.long).argmax(-1)            # argmax returns the first maximum
 
-def candidate_mask(mask: torch.Tensor) -> torch.Tensor:
-    "Tokens the attention distribution and top-k range over: real tokens except the anchor. mask [B, T] -> bool [B, T]."
+ANCHORS = ("cls", "pooled")   # the query of Eq. 4-5 and PIC's z_i: the [CLS] token, or the mean of the real tokens
+
+def candidate_mask(mask: torch.Tensor, anchor: str = "cls") -> torch.Tensor:
+    "Tokens the attention distribution and top-k range over: real tokens, except the [CLS] anchor. mask [B, T] -> bool [B, T]."
+    if anchor == "pooled":
+        return mask.bool()
     positions = torch.arange(mask.shape[-1], device=mask.device)
     return mask.bool() & (positions != anchor_index(mask)[:, None])
 
-def anchor_states(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    "The anchor token's state of every row: h [..., B, T, D] -> [..., B, D]."
+def anchor_states(h: torch.Tensor, mask: torch.Tensor, anchor: str = "cls") -> torch.Tensor:
+    "The anchor of every row: h [..., B, T, D] -> [..., B, D], the [CLS] token's state or the mean over the real tokens."
+    if anchor == "pooled":
+        w = mask.to(h.dtype)[..., None]                                            # [B, T, 1]
+        return (h * w).sum(-2) / w.sum(-2).clamp_min(1.0)
     return h[..., torch.arange(h.shape[-3], device=h.device), anchor_index(mask), :]
 
 def masked_log_softmax(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     "log softmax of x [..., T] over the entries where keep [..., T] is True; the others get a finite, hugely negative value."
     return x.masked_fill(~keep, torch.finfo(x.dtype).min).log_softmax(-1)
 
-def teacher_attention(h: torch.Tensor, mask: torch.Tensor, tau: float = 0.05,
-                      detach: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_attention(h: torch.Tensor, mask: torch.Tensor, tau: float = 0.05, detach: bool = False,
+                      anchor: str = "cls") -> tuple[torch.Tensor, torch.Tensor]:
     "Eq. 4: scores s^(D) [..., B, T] = h_CLS . h_j / sqrt(D) and log a_D [..., B, T] over the candidates; h_CLS fixed, all of it if detach."
-    scores = torch.einsum("...bd,...btd->...bt", anchor_states(h, mask).detach(), h) / math.sqrt(h.shape[-1])
+    scores = torch.einsum("...bd,...btd->...bt", anchor_states(h, mask, anchor).detach(), h) / math.sqrt(h.shape[-1])
     if detach:
         scores = scores.detach()
-    return scores, masked_log_softmax(scores / tau, candidate_mask(mask))
+    return scores, masked_log_softmax(scores / tau, candidate_mask(mask, anchor))
 
 # %% ../nbs/11_mipic.ipynb #11c012
 def student_attention(h: torch.Tensor, mask: torch.Tensor, projections: Sequence[torch.Tensor],
-                      tau: float = 0.05) -> torch.Tensor:
+                      tau: float = 0.05, anchor: str = "cls") -> torch.Tensor:
     "Eq. 5: log a_i [K, ..., B, T] of the d_i-prefixes of h [..., B, T, D] up-projected by P_i [d_i, D]; h_CLS is detached."
     D = h.shape[-1]
-    cls = anchor_states(h, mask).detach()                                        # [..., B, D], fixed reference
+    cls = anchor_states(h, mask, anchor).detach()                                        # [..., B, D], fixed reference
     q = torch.stack([F.pad(cls @ P.T, (0, D - P.shape[0])) for P in projections])  # [K, ..., B, D]: P_i h_CLS, 0 past d_i
     scores = torch.einsum("k...bc,...btc->k...bt", q, h) / math.sqrt(D)           # zero padding = truncation of h_j
-    return masked_log_softmax(scores / tau, candidate_mask(mask))
+    return masked_log_softmax(scores / tau, candidate_mask(mask, anchor))
 
-def attention_kl(log_student: torch.Tensor, log_teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attention_kl(log_student: torch.Tensor, log_teacher: torch.Tensor, mask: torch.Tensor, anchor: str = "cls") -> torch.Tensor:
     "Eq. 6: KL(a_i || a_D) per row [..., B] from log-probabilities [..., B, T]; 0 for a row without candidates."
-    keep = candidate_mask(mask)
+    keep = candidate_mask(mask, anchor)
     return (log_student.exp() * (log_student - log_teacher) * keep).sum(-1)
 
 # %% ../nbs/11_mipic.ipynb #11c015
@@ -112,20 +119,21 @@ def gamma_schedule(n: int, low: float = 0.2, high: float = 0.7) -> tuple[float, 
     "App. A.5's linear top-k ratios for n aligned dims: linspace(low, high, n) (the paper's 0.2..0.7 for n = 6)."
     return (low,) if n == 1 else tuple(round(low + i * (high - low) / (n - 1), 10) for i in range(n))
 
-def topk_sizes(mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8) -> torch.Tensor:
+def topk_sizes(mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8, anchor: str = "cls") -> torch.Tensor:
     "k_i = min(max(k_min, ceil(gamma_i * m)), #candidates) per dim and row: mask [B, T] -> long [K, B]."
     m = mask.sum(-1).double()                                                       # real tokens per row
     g = torch.tensor(gammas, dtype=torch.float64, device=mask.device)[:, None]
     k = torch.ceil(g * m - 1e-9).clamp_min(k_min)
-    return torch.minimum(k, candidate_mask(mask).sum(-1).double()).long()
+    return torch.minimum(k, candidate_mask(mask, anchor).sum(-1).double()).long()
 
-def topk_tokens(scores: torch.Tensor, mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8) -> torch.Tensor:
+def topk_tokens(scores: torch.Tensor, mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8,
+                anchor: str = "cls") -> torch.Tensor:
     "Nested hard top-k selections (App. A.5): bool [K, ..., B, T], the k_i highest-scoring candidates of scores [..., B, T]."
-    keep = candidate_mask(mask)
+    keep = candidate_mask(mask, anchor)
     order = scores.masked_fill(~keep, float("-inf")).argsort(dim=-1, descending=True, stable=True)
     positions = torch.arange(scores.shape[-1], device=scores.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(-1, order, positions)                  # rank of every token in its row
-    k = topk_sizes(mask, gammas, k_min)                                             # [K, B]
+    k = topk_sizes(mask, gammas, k_min, anchor)                                             # [K, B]
     k = k.view(k.shape[0], *[1] * (scores.dim() - 2), k.shape[1], 1)              # [K, 1.., B, 1]
     return (rank < k) & keep
 
@@ -184,19 +192,19 @@ def _row_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def sia_terms(h: torch.Tensor, mask: torch.Tensor, dims: Sequence[int], gammas: Sequence[float],
               projections: Sequence[torch.Tensor] | None = None, tau: float = 0.05, k_min: int = 8, topk: bool = True,
               use_cka: bool = True, detach_teacher: bool = True,
-              detach_att_teacher: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+              detach_att_teacher: bool = False, anchor: str = "cls") -> tuple[torch.Tensor | None, torch.Tensor | None]:
     "Batch means of Eq. 6 (if projections) and Eq. 12 (if use_cka) for every layer of h [L, B, T, D] and dim: [L, K] each."
-    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher)           # [L, B, T]
+    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher, anchor)           # [L, B, T]
     scores = scores.detach()                                                            # top-k only ranks them
     att = cka = None
     if projections is not None:
-        kl = attention_kl(student_attention(h, mask, projections, tau), log_teacher, mask)   # [K, L, B]
-        att = _row_mean(kl, candidate_mask(mask).any(-1)).T
+        kl = attention_kl(student_attention(h, mask, projections, tau, anchor), log_teacher, mask, anchor)   # [K, L, B]
+        att = _row_mean(kl, candidate_mask(mask, anchor).any(-1)).T
     if use_cka:
         if topk:
-            select = topk_tokens(scores, mask, gammas, k_min)                          # [K, L, B, T], nested
+            select = topk_tokens(scores, mask, gammas, k_min, anchor)                          # [K, L, B, T], nested
         else:
-            select = candidate_mask(mask).expand(len(dims), *scores.shape)
+            select = candidate_mask(mask, anchor).expand(len(dims), *scores.shape)
         cka = _row_mean(1 - prefix_cka(h, select, dims, detach_teacher), select.sum(-1) >= 2).T
     return att, cka
 
@@ -265,7 +273,7 @@ class MIPIC(nn.Module):
                  preset: str | None = None,             # a MIPIC_PRESETS name or "rule" (default: the preset of the depth)
                  use_cka: bool = True,                  # False: Table 9 "w/o Top-k CKA"
                  k_min: int = 8,                        # floor of k_i (App. A.5)
-                 pic_pooling: str = "cls",              # z_i: "cls" (the paper) or the encoder's "pooled" vector
+                 anchor: str = "cls",                   # Eq. 4-5's query and PIC's z_i: "cls" (the paper) or "pooled"
                  views: str = "a",                      # SIA and PIC on view "a", or averaged over "both"
                  mrl_reduction: str = "sum",            # Eq. 1: unweighted sum over dims ("mean": the MRL baseline's)
                  detach_teacher: bool = True,           # the full-dim Gram of CKA is a fixed teacher
@@ -287,8 +295,8 @@ class MIPIC(nn.Module):
                 raise ValueError(f"{name} must be positive, got {t}")
         if k_min < 1:
             raise ValueError(f"k_min must be at least 1, got {k_min}")
-        if pic_pooling not in ("cls", "pooled"):
-            raise ValueError(f"pic_pooling must be 'cls' or 'pooled', got {pic_pooling!r}")
+        if anchor not in ANCHORS:
+            raise ValueError(f"anchor must be 'cls' or 'pooled', got {anchor!r}")
         if views not in ("a", "both"):
             raise ValueError(f"views must be 'a' or 'both', got {views!r}")
         if use_sia and not (use_att or use_cka):
@@ -313,7 +321,7 @@ class MIPIC(nn.Module):
         self.hidden_size, self.num_layers, self.alpha, self.tau = hidden_size, num_layers, float(alpha), float(tau)
         self.att_tau = float(att_tau) if att_tau is not None else self.tau
         self.use_sia, self.use_pic, self.use_att, self.use_cka, self.topk = use_sia, use_pic, use_att, use_cka, topk
-        self.progressive_dims, self.k_min, self.pic_pooling, self.views = progressive_dims, int(k_min), pic_pooling, views
+        self.progressive_dims, self.k_min, self.anchor, self.views = progressive_dims, int(k_min), anchor, views
         self.detach_teacher, self.detach_att_teacher, self.detach_pic_target = detach_teacher, detach_att_teacher, detach_pic_target
         self.mrl = MRL(objective, self.dims, reduction=mrl_reduction)
         self.projections = nn.ParameterList(                                 # P_i = [I | 0] at start (Eq. 5)
@@ -354,7 +362,8 @@ def _self_distillation(self, out: EncoderOutput) -> LossOutput:
             h = _layer_states(out, self.layers).float()                                  # [L, B, T, D]
             grids = sia_terms(h, out.attention_mask, self.sia_dims, self.gammas,
                               list(self.projections) if self.use_att else None, self.att_tau, self.k_min,
-                              self.topk, self.use_cka, self.detach_teacher, self.detach_att_teacher)   # [L, K] or None
+                              self.topk, self.use_cka, self.detach_teacher, self.detach_att_teacher,
+                              self.anchor)                                                 # att, cka: [L, K] or None
             sia = 0.0
             for name, grid in zip(("att", "cka"), grids):
                 if grid is not None:
@@ -364,7 +373,7 @@ def _self_distillation(self, out: EncoderOutput) -> LossOutput:
             names.append("sia"); values.append(sia[None])
             total = total + sia
         if self.use_pic:
-            states = anchor_states(_tokens(out), out.attention_mask) if self.pic_pooling == "cls" else out.pooled
+            states = anchor_states(_tokens(out), out.attention_mask) if self.anchor == "cls" else out.pooled
             z = [states[_row(out, layer), :, :d].float() for layer, d in self.pic_checkpoints]   # [B, d_i] each
             chain = pic_terms(z, self.projectors, self.tau, self.detach_pic_target)        # [n-1]
             names += [f"pic/L{a}d{x}>L{b}d{y}" for (a, x), (b, y) in pairwise(self.pic_checkpoints)] + ["pic"]

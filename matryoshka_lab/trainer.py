@@ -184,8 +184,9 @@ def training_data(cfg: TrainConfig) -> TrainData:
     return data
 
 # %% ../nbs/08_trainer.ipynb #08c012
-def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None):
-    "The Matryoshka loss of cfg.method over cfg.objective (mipic, mic, distill_nc: a module; distill_nc reads `data`)."
+def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None,
+              pooling: str | None = None):
+    "The Matryoshka loss of cfg.method over cfg.objective (mipic, mic, distill_nc: a module; distill_nc reads `data`; mipic's anchor follows `pooling`)."
     base = get_objective(cfg.objective)
     scale = 1.0 / cfg.temperature
     def objective(a, b, target=None):
@@ -225,7 +226,10 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
                              "pass data=training_data(cfg)")
         return cls(dims, hidden_size, teacher_dim=data.teacher.shape[1], n_classes=int(data.label.max()) + 1,
                    **cfg.loss_options)
-    return cls(objective, dims=dims, hidden_size=hidden_size, num_layers=num_layers, **cfg.loss_options)
+    options = dict(cfg.loss_options)
+    if cfg.method == "mipic" and pooling is not None:       # the model's own pooling: its [CLS] only when CLS-pooled
+        options.setdefault("anchor", "cls" if pooling == "cls" else "pooled")
+    return cls(objective, dims=dims, hidden_size=hidden_size, num_layers=num_layers, **options)
 
 # %% ../nbs/08_trainer.ipynb #08c012b
 class _GatherWithGrad(torch.autograd.Function):
@@ -458,7 +462,7 @@ class Trainer:
         self.encoder = encoder or Encoder.from_pretrained(config.model, pooling=config.pooling)
         self.encoder.to(device)
         self.data = data or training_data(config)
-        self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data)
+        self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
