@@ -102,9 +102,9 @@ def teacher_attention(h: torch.Tensor, mask: torch.Tensor, tau: float = 0.05, de
 # %% ../nbs/11_mipic.ipynb #11c012
 def student_attention(h: torch.Tensor, mask: torch.Tensor, projections: Sequence[torch.Tensor],
                       tau: float = 0.05, anchor: str = "cls") -> torch.Tensor:
-    "Eq. 5: log a_i [K, ..., B, T] of the d_i-prefixes of h [..., B, T, D] up-projected by P_i [d_i, D]; h_CLS is detached."
+    "Eq. 5: log a_i [K, ..., B, T] of the d_i-prefixes of h [..., B, T, D] up-projected by P_i [d_i, D]; the anchor is detached."
     D = h.shape[-1]
-    cls = anchor_states(h, mask, anchor).detach()                                        # [..., B, D], fixed reference
+    cls = anchor_states(h, mask, anchor).detach()                                # [..., B, D], fixed reference
     q = torch.stack([F.pad(cls @ P.T, (0, D - P.shape[0])) for P in projections])  # [K, ..., B, D]: P_i h_CLS, 0 past d_i
     scores = torch.einsum("k...bc,...btc->k...bt", q, h) / math.sqrt(D)           # zero padding = truncation of h_j
     return masked_log_softmax(scores / tau, candidate_mask(mask, anchor))
@@ -133,7 +133,7 @@ def topk_tokens(scores: torch.Tensor, mask: torch.Tensor, gammas: Sequence[float
     order = scores.masked_fill(~keep, float("-inf")).argsort(dim=-1, descending=True, stable=True)
     positions = torch.arange(scores.shape[-1], device=scores.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(-1, order, positions)                  # rank of every token in its row
-    k = topk_sizes(mask, gammas, k_min, anchor)                                             # [K, B]
+    k = topk_sizes(mask, gammas, k_min, anchor)                                     # [K, B]
     k = k.view(k.shape[0], *[1] * (scores.dim() - 2), k.shape[1], 1)              # [K, 1.., B, 1]
     return (rank < k) & keep
 
@@ -194,7 +194,7 @@ def sia_terms(h: torch.Tensor, mask: torch.Tensor, dims: Sequence[int], gammas: 
               use_cka: bool = True, detach_teacher: bool = True,
               detach_att_teacher: bool = False, anchor: str = "cls") -> tuple[torch.Tensor | None, torch.Tensor | None]:
     "Batch means of Eq. 6 (if projections) and Eq. 12 (if use_cka) for every layer of h [L, B, T, D] and dim: [L, K] each."
-    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher, anchor)           # [L, B, T]
+    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher, anchor)   # [L, B, T]
     scores = scores.detach()                                                            # top-k only ranks them
     att = cka = None
     if projections is not None:
@@ -202,7 +202,7 @@ def sia_terms(h: torch.Tensor, mask: torch.Tensor, dims: Sequence[int], gammas: 
         att = _row_mean(kl, candidate_mask(mask, anchor).any(-1)).T
     if use_cka:
         if topk:
-            select = topk_tokens(scores, mask, gammas, k_min, anchor)                          # [K, L, B, T], nested
+            select = topk_tokens(scores, mask, gammas, k_min, anchor)                  # [K, L, B, T], nested
         else:
             select = candidate_mask(mask, anchor).expand(len(dims), *scores.shape)
         cka = _row_mean(1 - prefix_cka(h, select, dims, detach_teacher), select.sum(-1) >= 2).T
