@@ -24,7 +24,8 @@ from .core import hub_offline, parse_layers, resolve_device
 
 # %% auto #0
 __all__ = ['EMBEDDED', 'POOLINGS', 'WEIGHT_SUFFIXES', 'embedded_model_path', 'ModelNotAvailableError', 'resolve_model', 'load_hf',
-           'pool', 'EncoderOutput', 'Encoder', 'model_fingerprint', 'embedding_cache_dir', 'encode_cached']
+           'pool', 'EncoderOutput', 'Encoder', 'reinit_top_layers', 'model_fingerprint', 'embedding_cache_dir',
+           'encode_cached']
 
 # %% ../nbs/01_encoder.ipynb #01c006
 EMBEDDED = "embedded"
@@ -309,6 +310,28 @@ def _truncated(self, n: int) -> "Encoder":
     return out
 
 Encoder.truncated = _truncated
+
+# %% ../nbs/01_encoder.ipynb #01c035
+def reinit_top_layers(encoder: Encoder, n: int, seed: int = 0, std: float | None = None) -> Encoder:
+    "Re-draw the top `n` transformer layers of `encoder` in place (Linear ~ N(0, std), biases 0, LayerNorm 1 / 0); the encoder."
+    if not 0 <= n <= encoder.num_layers:
+        raise ValueError(f"n must be in 0..{encoder.num_layers} (the model has {encoder.num_layers} layers), got {n}")
+    stack = _layer_stack(encoder.model, encoder.num_layers)
+    if stack is None:
+        raise ValueError(f"{type(encoder.model).__name__} has no single stack of {encoder.num_layers} layers to re-initialise")
+    std = getattr(encoder.model.config, "initializer_range", 0.02) if std is None else std
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in list(encoder.model.get_submodule(stack))[encoder.num_layers - n:]:
+            for module in layer.modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
+                    if module.bias is not None:
+                        module.bias.zero_()
+                elif isinstance(module, nn.LayerNorm):
+                    module.weight.fill_(1.0)
+                    module.bias.zero_()
+    return encoder
 
 # %% ../nbs/01_encoder.ipynb #01c041
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")

@@ -24,13 +24,13 @@ from tqdm.auto import tqdm
 
 from .core import parse_dims, resolve_device, seed_everything
 from .data import PairData, STSData, load_task
-from .encoder import Encoder, EncoderOutput
+from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import ESE, MRL, TwoDMSE, get_objective
 from .runs import RunLog, read_run
 
 # %% auto #0
 __all__ = ['METHODS', 'PAIR_OBJECTIVES', 'LOSS_OPTION_METHODS', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config',
-           'TrainData', 'training_data', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint',
+           'TrainData', 'training_data', 'load_encoder', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint',
            'latest_checkpoint', 'load_checkpoint', 'export_model', 'CancelFit', 'Callback', 'EvalCallback',
            'CheckpointCallback', 'Trainer', 'config_changes', 'Launched', 'launch']
 
@@ -64,6 +64,7 @@ class TrainConfig:
     grad_clip: float = 1.0                    # max gradient norm (0: off)
     max_length: int = 32                      # tokens per text: short sentences keep CPU steps fast
     pooling: str | None = None                # default: the model's own (mean for the embedded model)
+    reinit_layers: int = 0                    # cold start: re-draw the top N transformer layers (seeded by seed; 01_encoder)
     temperature: float = 0.05                 # InfoNCE / SimCSE tau (scale 1/tau)
     kl_temperature: float | None = None       # 2DMSE alignment / ESE compression (None: the method's default)
     compression_size: int = 128               # ESE's k
@@ -94,6 +95,7 @@ class TrainConfig:
                   (self.loss_lr is None or self.loss_lr > 0, f"loss_lr must be positive, got {self.loss_lr}"),
                   (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
                   (self.temperature > 0, f"temperature must be positive, got {self.temperature}"),
+                  (self.reinit_layers >= 0, f"reinit_layers must be 0 or more, got {self.reinit_layers}"),
                   (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
                                                  f"number of steps, got {self.diagnostics_every}")]
         checks.append((isinstance(self.loss_options, dict),
@@ -182,6 +184,11 @@ def training_data(cfg: TrainConfig) -> TrainData:
     if len(data) < cfg.batch_size:
         raise ValueError(f"task {cfg.train_task!r} gives {len(data)} training examples, fewer than batch_size {cfg.batch_size}")
     return data
+
+def load_encoder(cfg: TrainConfig) -> Encoder:
+    "The model a run of cfg starts from: cfg.model with cfg.pooling, its top cfg.reinit_layers re-drawn from cfg.seed (a cold start)."
+    encoder = Encoder.from_pretrained(cfg.model, pooling=cfg.pooling)
+    return reinit_top_layers(encoder, cfg.reinit_layers, seed=cfg.seed) if cfg.reinit_layers else encoder
 
 # %% ../nbs/08_trainer.ipynb #08c012
 def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None,
@@ -459,7 +466,7 @@ class Trainer:
             raise ValueError(f"batch_size {config.batch_size} (the global batch) must be divisible by the "
                              f"{self.dist.world} processes")
         seed_everything(config.seed + self.dist.rank)   # the model load draws nothing; dropout differs per process
-        self.encoder = encoder or Encoder.from_pretrained(config.model, pooling=config.pooling)
+        self.encoder = encoder or load_encoder(config)
         self.encoder.to(device)
         self.data = data or training_data(config)
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
