@@ -1,23 +1,46 @@
-"""CPU-scale comparisons of the training objectives: the baselines (untrained, no-Matryoshka, MRL, 2DMSE, ESE) and
-MRL vs MIPIC vs MIC with their ablations.
+"""CPU-scale comparisons of the training objectives: the baselines (untrained, no-Matryoshka, MRL, 2DMSE, ESE),
+MIPIC and MIC with their ablations, and where each one's gradient comes from.
 
-    python experiments/baselines.py [--setting angle|simcse|mipic] [--seeds 0 1 2] [--max-steps N] [--out DIR]
+    python experiments/baselines.py [--setting angle|simcse|mipic|cold] [--seeds 0 1 2] [--methods ...] [--max-steps N]
+                                    [--out DIR] [--results DIR] [--task-share]
 
 The sweep of nbs/10_baselines.ipynb (matryoshka_lab.experiments) from a shell: every method trains the embedded
 all-MiniLM-L6-v2 with the same data, steps, batch, learning rate and seeds, then evaluates it. Settings: angle (AnglE
-on STS-B train pairs, lr 5e-5) and simcse (unsupervised SimCSE on wiki sentences), evaluated at every hidden state x
-prefix dim on STS-B (dev and test), SICK-R and STS12-16; mipic (SimCSE on the MIPIC/MIC corpus; by default MRL, MIPIC,
-MIC, MIPIC without PIC and MIC without SIR), evaluated at the last layer on the STS sets, Banking77, TweetEval and
-MRPC, and read by nbs/13_mipic_mic_results.ipynb. Writes OUT/summary.csv after every run (finished runs are read back,
-so an interrupted sweep continues) and prints mean +- std over seeds of the average over the 7 STS test sets.
+on STS-B train pairs, lr 5e-5; by default every method: the regime where the task term leads) and simcse
+(unsupervised SimCSE on wiki sentences), evaluated at every hidden state x prefix dim on STS-B (dev and test), SICK-R
+and STS12-16; mipic (SimCSE on the MIPIC/MIC corpus; by default MRL, MIPIC, MIC, MIPIC without PIC and MIC without
+SIR), evaluated at the last layer on the STS sets, Banking77, TweetEval and MRPC (nbs/13_mipic_mic_results.ipynb).
+cold: mipic from the embedded model with its top 3 layers re-drawn (a cold start).
+Run directories go to OUT (finished runs are read back, so an interrupted sweep continues); the per-seed grids are
+merged into the committed result file RESULTS/summary.csv with RESULTS/meta.json (what wrote each method's rows),
+and the script prints mean +- std over seeds of the average over the 7 STS test sets.
+--task-share trains nothing: it measures the task term's share of each method's gradient on the first batch of
+each seed (matryoshka_lab.experiments.task_share) into RESULTS/task_share.csv.
 """
 import argparse
+import shlex
+import sys
+from pathlib import Path
 
-from matryoshka_lab.experiments import (BASELINES, MIPIC_SWEEP, SETTINGS, STS_TEST, VARIANTS, delta_table, run_baselines,
-                                        seed_stats, stats_table)
+import pandas as pd
 
-DEFAULT_METHODS = {"mipic": MIPIC_SWEEP}
-DEFAULT_STEPS = {"mipic": 100}   # what nbs/13 reads: 16 runs of the mipic setting fit one session on 2 CPU cores
+from matryoshka_lab.experiments import (BASELINES, EVERY_METHOD, MIPIC_SWEEP, SETTINGS, STS_TEST, VARIANTS, delta_table,
+                                        run_baselines, save_results, seed_stats, stats_table, task_share)
+
+DEFAULT_METHODS = {"mipic": MIPIC_SWEEP, "cold": MIPIC_SWEEP, "angle": EVERY_METHOD}
+DEFAULT_STEPS = {"mipic": 100, "cold": 100}   # what nbs/13 reads: 16 runs of the mipic setting fit one session on 2 CPU cores
+
+
+def measure_shares(methods, setting: str, seeds, folder: Path) -> pd.DataFrame:
+    "The task term's share per variant and seed, merged into FOLDER/task_share.csv (a variant's rows replace its earlier ones)."
+    rows = pd.DataFrame([task_share(m, setting, seed) for m in methods if m != "untrained" for seed in seeds])
+    path = folder / "task_share.csv"
+    if path.is_file():
+        old = pd.read_csv(path)
+        rows = pd.concat([old[~old.variant.isin(set(rows.variant))], rows], ignore_index=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(path, index=False, float_format="%.6g")
+    return rows
 
 
 def main():
@@ -25,20 +48,29 @@ def main():
     p.add_argument("--setting", choices=sorted(SETTINGS), default="angle")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=None, choices=list(VARIANTS),
-                   help="default: the baselines (angle, simcse) or MRL, MIPIC, MIC and their ablations (mipic)")
-    p.add_argument("--max-steps", type=int, default=None, help="default: 100 (mipic), 200 (angle, simcse)")
-    p.add_argument("--out", default=None, help="default: runs/baselines_SETTING")
+                   help="default: every method (angle), the baselines (simcse) or MRL, MIPIC, MIC and their ablations (mipic, cold)")
+    p.add_argument("--max-steps", type=int, default=None, help="default: 100 (mipic, cold), 200 (angle, simcse)")
+    p.add_argument("--out", default=None, help="run directories, default: runs/baselines_SETTING")
+    p.add_argument("--results", default=None, help="result folder, default: results/baselines/SETTING")
+    p.add_argument("--task-share", action="store_true", help="measure each method's task-term share of the gradient instead")
     args = p.parse_args()
-    args.methods = args.methods or list(DEFAULT_METHODS.get(args.setting, BASELINES))
-    args.max_steps = args.max_steps or DEFAULT_STEPS.get(args.setting, 200)
+    methods = list(args.methods or DEFAULT_METHODS.get(args.setting, BASELINES))
+    max_steps = args.max_steps or DEFAULT_STEPS.get(args.setting, 200)
+    results = Path(args.results or f"results/baselines/{args.setting}")
+    command = "python experiments/baselines.py " + shlex.join(sys.argv[1:])
+    if args.task_share:
+        shares = measure_shares(methods, args.setting, args.seeds, results)
+        print(shares.groupby("variant", sort=False)[["task_share", "cos_task_total"]].agg(["mean", "min", "max"]).round(4).to_string())
+        return
     summary = run_baselines(args.out or f"runs/baselines_{args.setting}", args.setting, seeds=args.seeds,
-                            methods=args.methods, max_steps=args.max_steps)
+                            methods=methods, max_steps=max_steps)
+    save_results(summary, results, args.setting, command, max_steps)
     stats = seed_stats(summary, STS_TEST)
-    for method in args.methods:
+    for method in methods:
         print(f"\n{method}: mean over {len(STS_TEST)} STS test sets, Spearman x100, mean +- std over seeds {args.seeds}")
         print(stats_table(stats, method).to_string())
-    if "mrl" in args.methods:
-        for method in [m for m in args.methods if m not in ("mrl", "untrained")]:
+    if "mrl" in methods:
+        for method in [m for m in methods if m not in ("mrl", "untrained")]:
             print(f"\n{method} - mrl (mean over seeds)")
             print(delta_table(stats, method).round(2).to_string())
 

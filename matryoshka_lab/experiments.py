@@ -5,21 +5,28 @@
 # %% ../nbs/10_baselines.ipynb #10c003
 from __future__ import annotations
 
+import dataclasses
+import json
+import subprocess
+import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
+from . import __version__
 from .data import task_spec
-from .encoder import Encoder
 from .eval import evaluate
-from .trainer import TrainConfig, Trainer, config_changes, make_config
+from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_config
 
 # %% auto #0
-__all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'VARIANTS', 'MIPIC_SWEEP', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC',
-           'baseline_config', 'run_one', 'run_baselines', 'seed_stats', 'stats_table', 'delta_table', 'task_metric',
-           'paired_test', 'plot_baselines', 'plot_by_dim']
+__all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'VARIANTS', 'MIPIC_SWEEP', 'EVERY_METHOD', 'SETTINGS', 'EVAL_TASKS',
+           'TASK_METRIC', 'baseline_config', 'run_one', 'run_baselines', 'git_commit', 'save_results', 'read_results',
+           'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test', 'paired_table', 'task_term',
+           'task_share', 'plot_baselines', 'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -45,14 +52,20 @@ VARIANTS = {   # name -> what it trains with; the papers' ablations are variants
 }
 # the mipic setting's sweep (nbs/13): MRL, MIPIC, MIC and the ablation of the term that dominates each one's gradient
 MIPIC_SWEEP = ("untrained", "mrl", "mipic", "mipic_no_pic", "mic", "mic_scr_only")
+# every method with its defaults and its earlier variant, in the regime where the task term leads (angle, below)
+EVERY_METHOD = ("untrained", "base", "mrl", "2dmse", "2dmse_similarity", "ese", "mipic", "mipic_detached_teacher", "mic")
 SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 200 steps x 32, lr 3e-5, 32 tokens
             "angle": {"objective": "angle", "train_task": "stsb", "max_length": 48, "lr": 5e-5},
             # mipic.txt App. A.2-A.3: SimCSE on the mixed corpus, lr 2e-5, cosine (5 epochs of batch 16 at 256 tokens
             # do not fit 2 CPU cores: the step budget, batch and length stay those of the other settings, 48 tokens)
             "mipic": {"train_task": "mipic_corpus", "lr": 2e-5, "schedule": "cosine", "max_length": 48,
                       "eval_layers": "-1"}}   # the papers report the last layer; 7 layers x 3 classifiers would triple eval time
+# mipic from a cold start: the top 3 layers re-drawn (reinit_top_layers), as far from sentence-similarity training as a
+# pretrained encoder gets here (no MLM checkpoint is at hand offline)
+SETTINGS["cold"] = {**SETTINGS["mipic"], "reinit_layers": 3}
 EVAL_TASKS = {"simcse": ["stsb_dev", *STS_TEST], "angle": ["stsb_dev", *STS_TEST],
               "mipic": [*STS_TEST, "banking77", "tweeteval_emotion", "mrpc"]}
+EVAL_TASKS["cold"] = EVAL_TASKS["mipic"]
 
 def baseline_config(method: str, seed: int, run_dir: str | Path, setting: str = "angle", **overrides) -> TrainConfig:
     "The config of variant `method` in `setting`: all but the method, its own knobs, seed and run_dir is shared."
@@ -78,7 +91,7 @@ def run_one(method: str, seed: int, out: str | Path, setting: str = "angle", pro
     if grid_csv.is_file() and (method == "untrained" or (run_dir / "model").is_dir()):
         return pd.read_csv(grid_csv)
     if method == "untrained":
-        df = evaluate(Encoder.from_pretrained(cfg.model, pooling=cfg.pooling), list(cfg.eval_tasks),
+        df = evaluate(load_encoder(cfg), list(cfg.eval_tasks),
                       layers=cfg.eval_layers, dims=list(cfg.eval_dims or cfg.dims), data_dir=cfg.data_dir,
                       progress=progress)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +112,43 @@ def run_baselines(out: str | Path, setting: str = "angle", seeds=(0, 1, 2), meth
         frames.append(grid.assign(method=method, seed=seed, setting=setting))
         pd.concat(frames, ignore_index=True).to_csv(out / "summary.csv", index=False)
     return pd.concat(frames, ignore_index=True)
+
+# %% ../nbs/10_baselines.ipynb #10c010d
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    "The checked-out commit of the repository at cwd (with '+dirty' when tracked files differ from it), or None outside git."
+    try:
+        run = lambda *args: subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, command: str, max_steps: int) -> Path:
+    "Merge a sweep's tidy summary into FOLDER/summary.csv (its methods' rows replace theirs) and record what made them in FOLDER/meta.json."
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    old, meta = read_results(folder) if (folder / "summary.csv").is_file() else (None, {"setting": setting, "methods": {}})
+    if meta.get("setting") != setting:
+        raise ValueError(f"{str(folder)!r} holds results of setting {meta.get('setting')!r}, not {setting!r}")
+    methods = list(dict.fromkeys(summary.method))
+    new = summary.assign(value=summary.value.round(4))
+    merged = new if old is None else pd.concat([old[~old.method.isin(methods)], new], ignore_index=True)
+    merged.to_csv(folder / "summary.csv", index=False)
+    meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()
+                      if k not in ("method", "loss_options", "seed", "run_dir")}
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for m in methods:
+        seeds = sorted(int(s) for s in set(summary[summary.method == m].seed))
+        meta["methods"][m] = {"variant": VARIANTS[m], "seeds": seeds, "max_steps": max_steps, "command": command,
+                              "library_version": __version__, "commit": git_commit(), "written": when}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return folder
+
+def read_results(folder: str | Path) -> tuple[pd.DataFrame, dict]:
+    "The tidy summary and the meta of a result folder written by save_results."
+    folder = Path(folder)
+    if not (folder / "summary.csv").is_file():
+        raise FileNotFoundError(f"no result file {str(folder / 'summary.csv')!r}: run experiments/baselines.py to write it")
+    return pd.read_csv(folder / "summary.csv"), json.loads((folder / "meta.json").read_text(encoding="utf-8"))
 
 # %% ../nbs/10_baselines.ipynb #10c012
 def seed_stats(summary: pd.DataFrame, tasks=STS_TEST, metric: str = "spearman") -> pd.DataFrame:
@@ -155,6 +205,54 @@ def paired_test(summary: pd.DataFrame, method: str, reference: str = "mrl", task
                      "wilcoxon_p": stats.wilcoxon(diff).pvalue if varied else np.nan,
                      "ttest_p": stats.ttest_1samp(diff, 0.0).pvalue if varied else np.nan})
     return pd.DataFrame(rows).set_index("dim")
+
+# %% ../nbs/10_baselines.ipynb #10c014c2
+def paired_table(summary: pd.DataFrame, methods, reference: str = "mrl", tasks=None, layers=None, dims=None) -> pd.DataFrame:
+    "(method, layer) x prefix dim: 'mean difference to `reference` (pairs won/pairs, Wilcoxon p)' over matched (seed, task) pairs."
+    layers = [int(summary.layer.max())] if layers is None else list(layers)
+    rows = {}
+    for method in methods:
+        for layer in layers:
+            t = paired_test(summary, method, reference, tasks=tasks, layer=layer, dims=dims)
+            rows[(method, layer)] = {d: f"{r.mean_diff:+.2f} ({int(r.wins)}/{int(r.pairs)}, p={r.wilcoxon_p:.1g})" for d, r in t.iterrows()}
+    return pd.DataFrame(rows).T.rename_axis(["method", "layer"])
+
+# %% ../nbs/10_baselines.ipynb #10c014e
+def task_term(method: str, loss, a, b, target=None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    "(the whole objective, its task part) of `method`'s loss on views a, b (pooled [L+1, B, D] or EncoderOutputs), with the same draws."
+    if method not in ("base", "mrl", "2dmse", "ese", "mipic", "mic"):
+        raise ValueError(f"task_term knows methods base, mrl, 2dmse, ese, mipic and mic, not {method!r}")
+    draws = lambda: torch.Generator().manual_seed(seed)
+    total = loss(a, b, target, generator=draws()).total
+    if method in ("base", "mrl"):
+        return total, total
+    if method == "2dmse":                                   # Eq. 2-5, the alignment of Eq. 6 off
+        return total, dataclasses.replace(loss, lambdas={**loss.lambdas, "align": 0.0})(a, b, target, generator=draws()).total
+    if method == "ese":
+        return total, dataclasses.replace(loss, compress=False)(a, b, target).total
+    weight = loss.alpha if method == "mipic" else 1.0         # MIPIC's Eq. 18 weighs L_MRL by alpha; MIC adds gamma L_align to it
+    return total, weight * loss.mrl(a.pooled[-1], b.pooled[-1], target, draws()).total
+
+def task_share(variant: str, setting: str, seed: int = 0, **overrides) -> dict:
+    "The task term's share of `variant`'s encoder gradient on the first batch of `seed` in `setting` (dropout on, as in training)."
+    with tempfile.TemporaryDirectory() as run_dir:          # nothing is written: no step is taken
+        tr = Trainer(baseline_config(variant, seed, run_dir, setting, **overrides), progress=False)
+    data, params = tr.data, [p for p in tr.encoder.parameters() if p.requires_grad]
+    idx = tr._batch(0)
+    texts_a = [data.text_a[i] for i in idx]
+    texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in idx]
+    target = None if data.target is None else torch.as_tensor(data.target[idx], device=tr.encoder.device)
+    tr.encoder.train()
+    a = tr._view(texts_a)
+    b = a if getattr(tr.loss_fn, "single_view", False) else tr._view(texts_b)
+    total, task = task_term(tr.config.method, tr.loss_fn, a, b, target, seed)
+    grad = lambda x: torch.cat([(g if g is not None else torch.zeros_like(p)).flatten().double() for g, p in
+                                zip(torch.autograd.grad(x, params, retain_graph=True, allow_unused=True), params)])
+    g_total, g_task = grad(total), grad(task)
+    n_task, n_rest = float(g_task.norm()), float((g_total - g_task).norm())
+    return {"variant": variant, "setting": setting, "seed": seed, "task": task.item(), "rest": (total - task).item(),
+            "grad_norm": float(g_total.norm()), "task_grad_norm": n_task, "rest_grad_norm": n_rest, "task_share": n_task / (n_task + n_rest),
+            "cos_task_total": float(g_task @ g_total / (g_task.norm() * g_total.norm()).clamp_min(1e-300))}
 
 # %% ../nbs/10_baselines.ipynb #10c016
 def plot_baselines(stats: pd.DataFrame, dims: tuple | None = None, title: str = "mean Spearman x100 over seeds"):
