@@ -296,6 +296,13 @@ class Dist:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
 
+    def broadcast(self, tensors) -> None:
+        "Overwrite tensors in place with rank 0's values (a loss's own parameters are drawn from each process's seed)."
+        if self.world == 1:
+            return
+        for t in tensors:
+            torch.distributed.broadcast(t.data, src=0)
+
     def all_gather_object(self, obj) -> list:
         if self.world == 1:
             return [obj]
@@ -472,6 +479,8 @@ class Trainer:
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
+        if self.loss_module is not None:   # one loss on every process: rank 0's draw of MIPIC's phi_i, distill_nc's projections
+            self.dist.broadcast(list(self.loss_module.parameters()) + list(self.loss_module.buffers()))
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
         own = {id(p) for p in self.loss_module.parameters()} if self.loss_module else set()
