@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'cosine_matrix', 'info_nce', 'cosent', 'angle', 'linear_ce',
-           'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'ese_projection', 'distill', 'ESE']
+__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'cosine_matrix', 'info_nce', 'cosent', 'angle',
+           'in_batch_negatives', 'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl',
+           'TwoDMSE', 'ese_projection', 'distill', 'ESE']
 
 # %% ../nbs/06_losses.ipynb #06c005
 @dataclass
@@ -59,6 +60,21 @@ def angle(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 
     agreement = torch.cat([re / ratio, im / ratio], dim=-1).sum(-1).abs()        # [B]: 1 for a == b, near 0 when far apart
     return _rank_loss(agreement, score, scale)                                  # larger score -> larger agreement
 
+# %% ../nbs/06_losses.ipynb #06c011b
+def in_batch_negatives(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    "AnglE's in-batch negative term: each text of a positive pair (int(score) != 0) against the other 2B - 1 texts, mean over 2B; a, b [B, D]."
+    x = F.normalize(torch.stack([a, b], 1).flatten(0, 1), dim=-1, eps=1e-12)          # [2B, D]: a0 b0 a1 b1 ...
+    eye = torch.eye(len(x), dtype=torch.bool, device=x.device)
+    logp = torch.log_softmax((x @ x.T * scale).masked_fill(eye, float("-inf")), dim=-1)
+    partner = torch.arange(len(x), device=x.device) ^ 1                                # a_i <-> b_i
+    positive = (score.trunc() != 0).repeat_interleave(2)
+    return -(logp[torch.arange(len(x), device=x.device), partner] * positive).sum() / len(x)
+
+def angle_objective(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0,
+                    angle_scale: float = 1.0) -> torch.Tensor:
+    "AnglE as its authors train it (74e5ba2): CoSENT (scale) + in-batch negatives (scale) + the angle term (angle_scale); a, b [B, D]."
+    return cosent(a, b, score, scale) + in_batch_negatives(a, b, score, scale) + angle(a, b, score, angle_scale)
+
 # %% ../nbs/06_losses.ipynb #06c013
 def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     "Cross-entropy of a linear head on x [B, d] (a prefix): logits = x @ weight[:, :d].T + bias; weight [C, D]."
@@ -66,10 +82,11 @@ def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias:
     return F.cross_entropy(logits if bias is None else logits + bias, labels)
 
 # %% ../nbs/06_losses.ipynb #06c016
-OBJECTIVES: dict[str, Callable] = {"infonce": info_nce, "simcse": info_nce, "cosent": cosent, "angle": angle}
+OBJECTIVES: dict[str, Callable] = {"infonce": info_nce, "simcse": info_nce, "cosent": cosent, "angle": angle_objective,
+                                   "angle_term": angle}
 
 def get_objective(name: str) -> Callable:
-    "The base objective called `name` (infonce, simcse, cosent, angle)."
+    "The base objective called `name` (infonce, simcse, cosent, angle: AnglE's three terms, angle_term: its angle term alone)."
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
     return OBJECTIVES[name]

@@ -36,7 +36,7 @@ __all__ = ['METHODS', 'PAIR_OBJECTIVES', 'LOSS_OPTION_METHODS', 'RESUMABLE_CHANG
 
 # %% ../nbs/08_trainer.ipynb #08c006
 METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic", "distill_nc")
-PAIR_OBJECTIVES = ("infonce", "cosent", "angle")
+PAIR_OBJECTIVES = ("infonce", "cosent", "angle", "angle_term")
 LOSS_OPTION_METHODS = ("2dmse", "ese", "mipic", "mic", "distill_nc")   # losses with keyword options
 
 @dataclass(frozen=True)
