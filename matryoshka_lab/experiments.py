@@ -55,7 +55,9 @@ MIPIC_SWEEP = ("untrained", "mrl", "mipic", "mipic_no_pic", "mic", "mic_scr_only
 # every method with its defaults and its earlier variant, in the regime where the task term leads (angle, below)
 EVERY_METHOD = ("untrained", "base", "mrl", "2dmse", "2dmse_similarity", "ese", "mipic", "mipic_detached_teacher", "mic")
 SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 200 steps x 32, lr 3e-5, 32 tokens
+            # AnglE as its authors train it (06_losses: CoSENT + in-batch negatives + angle term) on the scored STS-B pairs
             "angle": {"objective": "angle", "train_task": "stsb", "max_length": 48, "lr": 5e-5},
+            "angle_term": {"objective": "angle_term", "train_task": "stsb", "max_length": 48, "lr": 5e-5},   # its angle term alone
             # mipic.txt App. A.2-A.3: SimCSE on the mixed corpus, lr 2e-5, cosine (5 epochs of batch 16 at 256 tokens
             # do not fit 2 CPU cores: the step budget, batch and length stay those of the other settings, 48 tokens)
             "mipic": {"train_task": "mipic_corpus", "lr": 2e-5, "schedule": "cosine", "max_length": 48,
@@ -63,7 +65,7 @@ SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 20
 # mipic from a cold start: the top 3 layers re-drawn (reinit_top_layers), as far from sentence-similarity training as a
 # pretrained encoder gets here (no MLM checkpoint is at hand offline)
 SETTINGS["cold"] = {**SETTINGS["mipic"], "reinit_layers": 3}
-EVAL_TASKS = {"simcse": ["stsb_dev", *STS_TEST], "angle": ["stsb_dev", *STS_TEST],
+EVAL_TASKS = {"simcse": ["stsb_dev", *STS_TEST], "angle": ["stsb_dev", *STS_TEST], "angle_term": ["stsb_dev", *STS_TEST],
               "mipic": [*STS_TEST, "banking77", "tweeteval_emotion", "mrpc"]}
 EVAL_TASKS["cold"] = EVAL_TASKS["mipic"]
 
@@ -123,23 +125,30 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
         return None
 
 def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, command: str, max_steps: int) -> Path:
-    "Merge a sweep's tidy summary into FOLDER/summary.csv (its methods' rows replace theirs) and record what made them in FOLDER/meta.json."
+    "Merge a sweep's tidy summary into FOLDER/summary.csv (its runs' rows replace theirs) and record what made them in FOLDER/meta.json."
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    old, meta = read_results(folder) if (folder / "summary.csv").is_file() else (None, {"setting": setting, "methods": {}})
+    old, meta = (read_results(folder) if (folder / "summary.csv").is_file()
+                 else (None, {"setting": setting, "methods": {}, "runs": {}}))
     if meta.get("setting") != setting:
         raise ValueError(f"{str(folder)!r} holds results of setting {meta.get('setting')!r}, not {setting!r}")
-    methods = list(dict.fromkeys(summary.method))
+    runs = {(m, int(s)) for m, s in zip(summary.method, summary.seed)}
+    for m in {m for m, _ in runs}:
+        if meta["methods"].get(m, {}).get("max_steps", max_steps) != max_steps:
+            raise ValueError(f"{str(folder)!r} holds {m} runs of {meta['methods'][m]['max_steps']} steps, not {max_steps}")
     new = summary.assign(value=summary.value.round(4))
-    merged = new if old is None else pd.concat([old[~old.method.isin(methods)], new], ignore_index=True)
+    kept = None if old is None else old[[(m, int(s)) not in runs for m, s in zip(old.method, old.seed)]]
+    merged = pd.concat([kept, new], ignore_index=True) if kept is not None else new
     merged.to_csv(folder / "summary.csv", index=False)
     meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()
                       if k not in ("method", "loss_options", "seed", "run_dir")}
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    for m in methods:
-        seeds = sorted(int(s) for s in set(summary[summary.method == m].seed))
-        meta["methods"][m] = {"variant": VARIANTS[m], "seeds": seeds, "max_steps": max_steps, "command": command,
-                              "library_version": __version__, "commit": git_commit(), "written": when}
+    for m, seed in sorted(runs):
+        meta["runs"][f"{m}_seed{seed}"] = {"command": command, "library_version": __version__, "commit": git_commit(),
+                                           "written": when}
+    for m in dict.fromkeys(merged.method):
+        meta["methods"][m] = {"variant": VARIANTS[m], "max_steps": meta["methods"].get(m, {}).get("max_steps", max_steps),
+                              "seeds": sorted({int(s) for s in merged[merged.method == m].seed})}
     (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return folder
 
@@ -251,7 +260,8 @@ def task_share(variant: str, setting: str, seed: int = 0, **overrides) -> dict:
     g_total, g_task = grad(total), grad(task)
     n_task, n_rest = float(g_task.norm()), float((g_total - g_task).norm())
     return {"variant": variant, "setting": setting, "seed": seed, "task": task.item(), "rest": (total - task).item(),
-            "grad_norm": float(g_total.norm()), "task_grad_norm": n_task, "rest_grad_norm": n_rest, "task_share": n_task / (n_task + n_rest),
+            "grad_norm": float(g_total.norm()), "task_grad_norm": n_task, "rest_grad_norm": n_rest,
+            "task_share": n_task / (n_task + n_rest),
             "cos_task_total": float(g_task @ g_total / (g_task.norm() * g_total.norm()).clamp_min(1e-300))}
 
 # %% ../nbs/10_baselines.ipynb #10c016
