@@ -169,7 +169,7 @@ ALIGNMENTS = {"features": (1.0, False), "similarity": (0.05, True)}   # alignmen
 @dataclass(frozen=True)
 class TwoDMSE:
     "2D Matryoshka loss (2dmse.txt Eq. 2-7): last + sampled shallow layer, full + sampled prefix, KL alignment."
-    objective: Callable = angle                    # the paper trains with AnglE
+    objective: Callable = angle_objective          # the paper trains with AnglE (its authors' three terms)
     dims: tuple | None = None                      # nested prefix sizes d is drawn from (None: 8, 16, ... < D)
     lambdas: dict | None = None                    # weight per term in TWO_D_TERMS (default 1 each)
     alignment: str = "features"                    # Eq. 6: "features" (the authors' code) or "similarity" (in-batch)
@@ -259,7 +259,7 @@ def distill(student: torch.Tensor, target: torch.Tensor, temperature: float = 1.
 @dataclass(frozen=True)
 class ESE:
     "Espresso sentence embeddings: learn-to-express (full + first k dims) and learn-to-compress (PCA-like target)."
-    objective: Callable = angle
+    objective: Callable = angle_objective          # the authors train with AnglE's three terms
     compression_size: int = 128                    # k
     kl_temperature: float = 1.0
     compress: bool = True                          # the authors' apply_ese_pca
