@@ -328,9 +328,10 @@ def reinit_top_layers(encoder: Encoder, n: int, seed: int = 0, std: float | None
                     module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
                     if module.bias is not None:
                         module.bias.zero_()
-                elif isinstance(module, nn.LayerNorm):
+                elif isinstance(module, nn.LayerNorm) and module.weight is not None:
                     module.weight.fill_(1.0)
-                    module.bias.zero_()
+                    if module.bias is not None:
+                        module.bias.zero_()
     return encoder
 
 # %% ../nbs/01_encoder.ipynb #01c041
