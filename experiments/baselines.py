@@ -49,7 +49,7 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=None, choices=list(VARIANTS),
                    help="default: every method (angle), the baselines (simcse) or MRL, MIPIC, MIC and their ablations (mipic, cold)")
-    p.add_argument("--max-steps", type=int, default=None, help="default: 100 (mipic, cold), 200 (angle, simcse)")
+    p.add_argument("--max-steps", type=int, default=None, help="default: 100 (mipic, cold), 200 (the others)")
     p.add_argument("--out", default=None, help="run directories, default: runs/baselines_SETTING")
     p.add_argument("--results", default=None, help="result folder, default: results/baselines/SETTING")
     p.add_argument("--task-share", action="store_true", help="measure each method's task-term share of the gradient instead")
