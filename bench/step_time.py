@@ -1,6 +1,6 @@
 """Training-step time of the Matryoshka losses, measured side by side in one run.
 
-    python bench/step_time.py [--model embedded] [--batch-size 32] [--max-length 32] [--rounds 12]
+    python bench/step_time.py [--model embedded] [--batch-size 32] [--max-length 32] [--rounds 12] [--out FILE]
 
 One step = encode both sides of a batch of (anchor, positive) pairs, the loss, backward, an AdamW step, on one fixed
 batch shape. Every round times one step of each setup in turn (the order rotates), so the machine's drift hits all
@@ -13,21 +13,29 @@ alike; each setup's figure is its median over rounds. Setups:
   mipic       ours, MIPIC (MRL + SIA + PIC on the token states of the same pass; its P_i and phi_i are trained too)
   mic         ours, MIC (MRL + SCR + SIR on the token states of the same pass)
 The last line is one JSON object with the ratios (mrl_over_base, 2dmse_over_mrl, mrl_over_st_matryoshka,
-2dmse_over_st_matryoshka2d, mipic_over_mrl, mic_over_mrl) and the medians in seconds.
+2dmse_over_st_matryoshka2d, mipic_over_mrl, mic_over_mrl) and the medians in seconds; --out also writes it, with the
+command, commit and date, to FILE (the committed one is results/bench/step_time.json, read by the README's table).
 """
 import argparse
 import json
+import os
+import shlex
 import statistics
+import sys
 import time
 import warnings
+from datetime import date
+from pathlib import Path
 
 import torch
 
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
+from matryoshka_lab.experiments import git_commit
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
+from matryoshka_lab.report import STEP_TIME_GOALS
 
 DIMS = [16, 32, 64, 128, 256, 384]
 
@@ -57,6 +65,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=32)
     p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--out", default=None, help="also write the result as JSON to this file (results/bench/step_time.json)")
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     from sentence_transformers import SentenceTransformer
@@ -112,11 +121,13 @@ def main():
               "mic_over_mrl": round(med["mic"] / med["mrl"], 3),
               "batch_size": args.batch_size, "max_length": args.max_length, "rounds": args.rounds,
               "median_seconds": {n: round(v, 4) for n, v in med.items()}}
-    print(f"MRL / base {result['mrl_over_base']}x (goal <= 1.10); 2DMSE / MRL {result['2dmse_over_mrl']}x (goal <= 1.15); "
-          f"ours / sentence-transformers: MRL {result['mrl_over_st_matryoshka']}x, 2D {result['2dmse_over_st_matryoshka2d']}x "
-          f"(goal <= 1); MIPIC / MRL {result['mipic_over_mrl']}x (goal <= 1.5), MIC / MRL {result['mic_over_mrl']}x "
-          f"(goal <= 1.25)")
+    print("; ".join(f"{label} {result[key]}x (goal <= {goal})" for key, (label, goal) in STEP_TIME_GOALS.items()))
     print(json.dumps(result))
+    if args.out:
+        record = {"command": "python bench/step_time.py " + shlex.join(sys.argv[1:]), "commit": git_commit(),
+                  "date": date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores", "result": result}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -216,14 +216,15 @@ def paired_test(summary: pd.DataFrame, method: str, reference: str = "mrl", task
     return pd.DataFrame(rows).set_index("dim")
 
 # %% ../nbs/10_baselines.ipynb #10c014c2
-def paired_table(summary: pd.DataFrame, methods, reference: str = "mrl", tasks=None, layers=None, dims=None) -> pd.DataFrame:
+def paired_table(summary: pd.DataFrame, methods, reference: str = "mrl", tasks=None, layers=None, dims=None,
+                 decimals: int = 2) -> pd.DataFrame:
     "(method, layer) x prefix dim: 'mean difference to `reference` (pairs won/pairs, Wilcoxon p)' over matched (seed, task) pairs."
     layers = [int(summary.layer.max())] if layers is None else list(layers)
     rows = {}
     for method in methods:
         for layer in layers:
             t = paired_test(summary, method, reference, tasks=tasks, layer=layer, dims=dims)
-            rows[(method, layer)] = {d: f"{r.mean_diff:+.2f} ({int(r.wins)}/{int(r.pairs)}, p={r.wilcoxon_p:.1g})" for d, r in t.iterrows()}
+            rows[(method, layer)] = {d: f"{r.mean_diff:+.{decimals}f} ({int(r.wins)}/{int(r.pairs)}, p={r.wilcoxon_p:.1g})" for d, r in t.iterrows()}
     return pd.DataFrame(rows).T.rename_axis(["method", "layer"])
 
 # %% ../nbs/10_baselines.ipynb #10c014e

@@ -1,26 +1,45 @@
-"""README.md is nbs/index.ipynb rendered; its Quick start holds exactly the two commands CI runs.
+"""README.md is nbs/index.ipynb rendered; its Quick start holds exactly the two commands CI runs; its marked tables
+are those the committed result files give (matryoshka_lab.report.fill_tables).
 
-    python tests/test_readme.py     # rewrite README.md from nbs/index.ipynb
+    python tests/test_readme.py     # regenerate the marked tables in nbs/index.ipynb, then rewrite README.md from it
 """
 import json
 import re
 from pathlib import Path
 
+from matryoshka_lab.report import fill_tables
+
 ROOT = Path(__file__).resolve().parents[1]
+INDEX = ROOT / "nbs" / "index.ipynb"
+RESULTS = ROOT / "results"
 
 
 def render_index() -> str:
-    "Markdown cells verbatim, code cells as python blocks (hidden cells and nbdev directives left out)."
-    cells = json.loads((ROOT / "nbs" / "index.ipynb").read_text(encoding="utf-8"))["cells"]
+    "Markdown cells with their marked tables regenerated, code cells as python blocks (hidden cells and nbdev directives left out)."
+    cells = json.loads(INDEX.read_text(encoding="utf-8"))["cells"]
     parts = []
     for cell in cells:
         src = "".join(cell["source"]).strip()
         if cell["cell_type"] == "markdown":
-            parts.append(src)
+            parts.append(fill_tables(src, RESULTS))
         elif src and "#| hide" not in src:
             code = "\n".join(l for l in src.splitlines() if not l.startswith("#|")).strip()
             parts.append(f"```python\n{code}\n```")
     return "\n\n".join(parts) + "\n"
+
+
+def refresh_index_tables() -> int:
+    "Regenerate the marked tables of nbs/index.ipynb's markdown cells in place; the number of cells changed."
+    nb = json.loads(INDEX.read_text(encoding="utf-8"))
+    changed = 0
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and fill_tables(src, RESULTS) != src:
+            cell["source"] = fill_tables(src, RESULTS).splitlines(keepends=True)
+            changed += 1
+    if changed:
+        INDEX.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return changed
 
 
 def quick_start_commands(readme: str) -> list[str]:
@@ -35,6 +54,13 @@ def test_readme_is_rendered_index():
         "README.md is stale: run `python tests/test_readme.py`"
 
 
+def test_index_tables_are_the_result_files():
+    cells = json.loads(INDEX.read_text(encoding="utf-8"))["cells"]
+    stale = [cell.get("id") for cell in cells if cell["cell_type"] == "markdown"
+             and fill_tables("".join(cell["source"]), RESULTS) != "".join(cell["source"])]
+    assert stale == [], f"the marked tables of nbs/index.ipynb cells {stale} differ from results/: run `python tests/test_readme.py`"
+
+
 def test_quick_start_has_the_two_commands_ci_runs():
     cmds = quick_start_commands((ROOT / "README.md").read_text(encoding="utf-8"))
     assert len(cmds) == 2, cmds
@@ -44,5 +70,6 @@ def test_quick_start_has_the_two_commands_ci_runs():
 
 
 if __name__ == "__main__":
+    print(f"regenerated the tables of {refresh_index_tables()} cells of nbs/index.ipynb")
     (ROOT / "README.md").write_text(render_index(), encoding="utf-8")
     print("wrote README.md")
