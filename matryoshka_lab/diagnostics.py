@@ -20,7 +20,7 @@ from .distill import nc1, nc1_grid, probe_indices   # NC1 lives with its paper (
 from .fractal import steerability_metrics
 from .losses import _check_dims, _check_size
 from .plots import cka_heatmap, correlation_heatmap, level_curves, spectrum_bars   # torch-free figures
-from .trainer import Callback
+from .methods import Callback
 
 # %% auto #0
 __all__ = ['TINY', 'RANKS', 'DIAGNOSTICS', 'DEFAULT_DIAGNOSTICS', 'dim_variance', 'covariance', 'variance_spectrum_figure',

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,11 +17,12 @@ from torch.nn.utils.parametrizations import orthogonal
 from .data import Task, load_task
 from .encoder import encode_cached
 from .losses import LossOutput, _check_dims
-from .trainer import Callback, TrainConfig, TrainData
+from .methods import Callback, Method, TrainData, register
 
 # %% auto #0
 __all__ = ['semi_orthogonal', 'MatryoshkaDistill', 'class_means', 'nc1', 'nc1_grid', 'labelled_texts', 'teacher_embeddings',
-           'distill_data', 'DistillLoss', 'probe_indices', 'NC1Callback']
+           'DistillOptions', 'distill_options', 'distill_data', 'DistillLoss', 'DistillNCMethod', 'probe_indices',
+           'NC1Callback']
 
 # %% ../nbs/16_distill.ipynb #16c006
 class _Matrix(nn.Module):
@@ -145,12 +147,26 @@ def teacher_embeddings(teacher: str, texts: list[str], layer: int = -1, max_leng
     with torch.random.fork_rng(devices=[]):          # loading and encoding leave the caller's RNG untouched
         return encode_cached(teacher, texts, layers=[layer], max_length=max_length, progress=progress)[0]
 
-def distill_data(cfg: TrainConfig) -> TrainData:
-    "TrainData for distill_nc: cfg.train_task's training texts, integer labels [N] and the teacher's embeddings [N, D_T]."
-    texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), cfg.label_level)
+@dataclass(frozen=True)
+class DistillOptions:
+    "distill_nc's options (a config's loss_options): the teacher, its hidden state, the labels' level, lambda_1 and lambda_2."
+    teacher: str = "embedded"          # a model name, folder, run directory or Hub id
+    teacher_layer: int = -1            # the teacher's hidden state (-1: last)
+    label_level: str | None = None     # a hierarchy task's level that gives the labels (None: the finest)
+    lambda_align: float = 1.0          # lambda_1
+    lambda_cls: float = 1.0            # lambda_2 (0: no classifier heads, no labels used by the loss)
+
+def distill_options(cfg) -> DistillOptions:
+    "The distill_nc options of config cfg; the defaults for a run of another method (an MRL arm with the NC1 callback)."
+    return DistillOptions(**cfg.loss_options) if cfg.method == "distill_nc" else DistillOptions()
+
+def distill_data(cfg) -> TrainData:
+    "TrainData for distill_nc: cfg.train_task's training texts, target (the teacher's embeddings [N, D_T], integer labels [N])."
+    opts = distill_options(cfg)
+    texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), opts.label_level)
     label = np.unique(names, return_inverse=True)[1].reshape(-1).astype(np.int64)   # classes in sorted name order
-    teacher = teacher_embeddings(cfg.teacher, texts, cfg.teacher_layer, cfg.max_length)
-    return TrainData(texts, label=label, teacher=teacher.numpy())
+    teacher = teacher_embeddings(opts.teacher, texts, opts.teacher_layer, cfg.max_length)
+    return TrainData(texts, target=(teacher.numpy(), label))
 
 # %% ../nbs/16_distill.ipynb #16c033
 class DistillLoss(nn.Module):
@@ -166,6 +182,24 @@ class DistillLoss(nn.Module):
         teacher, labels = target
         return self.distill(a[-1], teacher, labels)
 
+# %% ../nbs/16_distill.ipynb #16c033b
+@register
+class DistillNCMethod(Method):
+    "Matryoshka distillation (matryoshka_neural_collapse.txt): every subnet, semi-orthogonally projected, against a fixed teacher; per-subnet heads."
+    name, options = "distill_nc", DistillOptions
+    def build(self, ctx, options):
+        if ctx.data is None or not isinstance(ctx.data.target, tuple):
+            raise ValueError("method distill_nc builds its loss from the training data (teacher embeddings and labels): "
+                             "pass data=training_data(cfg)")
+        teacher, label = ctx.data.target
+        opts = DistillOptions(**options)
+        return DistillLoss(ctx.dims, ctx.hidden_size, teacher_dim=teacher.shape[1], n_classes=int(label.max()) + 1,
+                           lambda_align=opts.lambda_align, lambda_cls=opts.lambda_cls)
+    def training_data(self, config) -> TrainData:
+        return distill_data(config)
+    def callbacks(self, config) -> list:     # NC1 of student and teacher on a held-out probe, with the evaluations
+        return [NC1Callback(config.eval_every)] if config.eval_every >= 0 else []
+
 # %% ../nbs/16_distill.ipynb #16c036
 def probe_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
     "Sorted row indices [min(n, size)] of a seeded sample without replacement from range(n); all rows when n <= size."
@@ -179,9 +213,9 @@ class NC1Callback(Callback):
     def __init__(self, every: int = 0, max_probe: int = 1000, seed: int = 0):
         self.every, self.max_probe, self.seed, self.probe = every, max_probe, seed, None
 
-    def probe_set(self, cfg: TrainConfig) -> tuple[list[str], np.ndarray]:
-        "Texts and label names of cfg.train_task's test split at cfg.label_level, a seeded sample of at most max_probe."
-        texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), cfg.label_level, split="test")
+    def probe_set(self, cfg) -> tuple[list[str], np.ndarray]:
+        "Texts and label names of cfg.train_task's test split at its label_level (distill_options), a seeded sample of at most max_probe."
+        texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), distill_options(cfg).label_level, split="test")
         keep = probe_indices(len(texts), self.max_probe, self.seed)
         return [texts[i] for i in keep], names[keep]
 
@@ -191,7 +225,8 @@ def _nc1_before_fit(self, trainer) -> None:
         return
     cfg = trainer.config
     self.probe = self.probe_set(cfg)
-    teacher = teacher_embeddings(cfg.teacher, self.probe[0], cfg.teacher_layer, cfg.max_length)
+    opts = distill_options(cfg)
+    teacher = teacher_embeddings(opts.teacher, self.probe[0], opts.teacher_layer, cfg.max_length)
     trainer.log.log(trainer.step, f"nc1/teacher/d{teacher.shape[-1]}", nc1(teacher, self.probe[1]).item(), split="eval")
     if trainer.step == 0:
         self.measure(trainer)

@@ -5,7 +5,6 @@
 # %% ../nbs/10_baselines.ipynb #10c003
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import tempfile
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from .data import task_spec
 from .eval import evaluate
+from .methods import get_method
 from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_config
 
 # %% auto #0
@@ -36,7 +36,7 @@ VARIANTS = {   # name -> what it trains with; the papers' ablations are variants
     "untrained": {"method": "base"}, "base": {"method": "base"}, "mrl": {"method": "mrl"},
     "2dmse": {"method": "2dmse", "loss_options": {"alignment": "features"}},          # Eq. 6 as the authors' code (06_losses)
     "2dmse_similarity": {"method": "2dmse", "loss_options": {"alignment": "similarity"}},   # our earlier in-batch reading
-    "ese": {"method": "ese", "kl_temperature": 1.0, "compression_size": 128},
+    "ese": {"method": "ese", "loss_options": {"kl_temperature": 1.0, "compression_size": 128}},
     "mipic": {"method": "mipic", "loss_options": {**PAPER_MIPIC}},
     "mipic_detached_teacher": {"method": "mipic", "loss_options": {"detach_att_teacher": True}},   # our earlier default
     "mipic_no_sia": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "use_sia": False}},          # mipic.txt Table 3
@@ -229,19 +229,9 @@ def paired_table(summary: pd.DataFrame, methods, reference: str = "mrl", tasks=N
 
 # %% ../nbs/10_baselines.ipynb #10c014e
 def task_term(method: str, loss, a, b, target=None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    "(the whole objective, its task part) of `method`'s loss on views a, b (pooled [L+1, B, D] or EncoderOutputs), with the same draws."
-    if method not in ("base", "mrl", "2dmse", "ese", "mipic", "mic"):
-        raise ValueError(f"task_term knows methods base, mrl, 2dmse, ese, mipic and mic, not {method!r}")
-    draws = lambda: torch.Generator().manual_seed(seed)
-    total = loss(a, b, target, generator=draws()).total
-    if method in ("base", "mrl"):
-        return total, total
-    if method == "2dmse":                                   # Eq. 2-5, the alignment of Eq. 6 off
-        return total, dataclasses.replace(loss, lambdas={**loss.lambdas, "align": 0.0})(a, b, target, generator=draws()).total
-    if method == "ese":
-        return total, dataclasses.replace(loss, compress=False)(a, b, target).total
-    weight = loss.alpha if method == "mipic" else 1.0         # MIPIC's Eq. 18 weighs L_MRL by alpha; MIC adds gamma L_align to it
-    return total, weight * loss.mrl(a.pooled[-1], b.pooled[-1], target, draws()).total
+    "(the whole objective, its task part: the method's Method.task_loss) of `method`'s loss on views a, b (pooled [L+1, B, D] or EncoderOutputs), with the same draws."
+    task_loss, draws = get_method(method).task_loss, lambda: torch.Generator().manual_seed(seed)
+    return loss(a, b, target, generator=draws()).total, task_loss(loss, a, b, target, draws)
 
 def task_share(variant: str, setting: str, seed: int = 0, **overrides) -> dict:
     "The task term's share of `variant`'s encoder gradient on the first batch of `seed` in `setting` (dropout on, as in training)."

@@ -5,6 +5,7 @@
 # %% ../nbs/06_losses.ipynb #06c003
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -12,10 +13,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .methods import Method, register
+
 # %% auto #0
 __all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'cosine_matrix', 'info_nce', 'cosent', 'angle',
            'in_batch_negatives', 'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl',
-           'TwoDMSE', 'ese_projection', 'distill', 'ESE']
+           'TwoDMSE', 'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/06_losses.ipynb #06c005
 @dataclass
@@ -301,3 +304,32 @@ class ESE:
             shallow = sum(self._layer(a[i], b[i], target, f"L{i}", parts) / (1.0 + math.log(1 + i)) for i in range(N - 1))
             total = total + shallow / (N - 1)
         return LossOutput(total, parts)
+
+# %% ../nbs/06_losses.ipynb #06c033
+@register
+class BaseMethod(Method):
+    "No Matryoshka: the objective on the last layer's full embedding."
+    name = "base"
+    def build(self, ctx, options):
+        return MRL(ctx.objective, dims=(ctx.hidden_size,), name="base")
+
+@register
+class MRLMethod(Method):
+    "MRL (Kusupati et al.): the objective on every prefix in dims of the last layer."
+    name, options = "mrl", MRL
+
+@register
+class TwoDMSEMethod(Method):
+    "2DMSE (2dmse.txt Eq. 2-6): the last layer and a sampled shallow one, at full size and a sampled prefix below it, aligned."
+    name, options = "2dmse", TwoDMSE
+    def build(self, ctx, options):
+        return TwoDMSE(ctx.objective, dims=tuple(d for d in ctx.dims if d < ctx.hidden_size) or None, **options)
+    def task_loss(self, loss, a, b, target, draws):                  # Eq. 2-5, the alignment of Eq. 6 off
+        return dataclasses.replace(loss, lambdas={**loss.lambdas, "align": 0.0})(a, b, target, generator=draws()).total
+
+@register
+class ESEMethod(Method):
+    "ESE (Espresso): 2DMSE's layers with the first k dims compressed towards the SVD of the batch."
+    name, options, context = "ese", ESE, ("objective",)
+    def task_loss(self, loss, a, b, target, draws):                  # without the compression term
+        return dataclasses.replace(loss, compress=False)(a, b, target).total

@@ -11,10 +11,12 @@ from torch import nn
 
 from .encoder import EncoderOutput, pool
 from .losses import MRL, LossOutput, _check_dims
+from .methods import Method, register
 
 # %% auto #0
 __all__ = ['RES_VAR_WEIGHT', 'LAYER_PRESETS', 'PRESET_DEPTHS', 'masked_standardize', 'token_correlation', 'cross_correlation',
-           'scr_terms', 'scr_loss', 'cv_loss', 'uniformity_loss', 'sir_loss', 'mic_align', 'mic_layers', 'MIC']
+           'scr_terms', 'scr_loss', 'cv_loss', 'uniformity_loss', 'sir_loss', 'mic_align', 'mic_layers', 'MIC',
+           'MICMethod']
 
 # %% ../nbs/12_mic.ipynb #12c006
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -299,3 +301,12 @@ def _extra_repr(self) -> str:
             f"views={self.views!r}, pooling={self.pooling!r}")
 
 MIC._rows, MIC.forward, MIC.extra_repr = _rows, _forward, _extra_repr
+
+# %% ../nbs/12_mic.ipynb #12c042b
+@register
+class MICMethod(Method):
+    "MIC (mic.txt Eq. 11): MRL + gamma (SCR + SIR) on the token states of the aligned layers."
+    name, options = "mic", MIC
+    context = ("objective", "dims", "hidden_size", "num_layers")
+    def task_loss(self, loss, a, b, target, draws):
+        return loss.mrl(a.pooled[-1], b.pooled[-1], target, draws()).total

@@ -15,12 +15,13 @@ from torch import nn
 
 from .encoder import EncoderOutput
 from .losses import MRL, LossOutput, _check_dims, info_nce
+from .methods import Method, register
 
 # %% auto #0
 __all__ = ['MIPIC_PRESETS', 'ANCHORS', 'mipic_checkpoints', 'mrl_checkpoints', 'anchor_index', 'candidate_mask', 'anchor_states',
            'masked_log_softmax', 'teacher_attention', 'student_attention', 'attention_kl', 'gamma_schedule',
            'topk_sizes', 'topk_tokens', 'linear_cka', 'centered_gram', 'gram_cka', 'masked_cka', 'prefix_grams',
-           'prefix_cka', 'sia_terms', 'pic_projector', 'pic_terms', 'MIPIC']
+           'prefix_cka', 'sia_terms', 'pic_projector', 'pic_terms', 'MIPIC', 'MIPICMethod']
 
 # %% ../nbs/11_mipic.ipynb #11c006
 MIPIC_PRESETS: dict[str, dict] = {   # App. A.5 (paper l. 805-815) and Table 6; checkpoints as (layer, dim)
@@ -400,3 +401,16 @@ def _forward(self, out_a: EncoderOutput, out_b: EncoderOutput, target=None, gene
 
 MIPIC.self_distillation = _self_distillation
 MIPIC.forward = _forward
+
+# %% ../nbs/11_mipic.ipynb #11c038b
+@register
+class MIPICMethod(Method):
+    "MIPIC (mipic.txt Eq. 18): alpha MRL + (1 - alpha)(SIA + PIC) on the token states of every layer."
+    name, options = "mipic", MIPIC
+    context = ("objective", "dims", "hidden_size", "num_layers")
+    def build(self, ctx, options):
+        if ctx.pooling is not None:        # the model's own pooling: its [CLS] only when CLS-pooled
+            options = {"anchor": "cls" if ctx.pooling == "cls" else "pooled", **options}
+        return super().build(ctx, options)
+    def task_loss(self, loss, a, b, target, draws):
+        return loss.alpha * loss.mrl(a.pooled[-1], b.pooled[-1], target, draws()).total

@@ -25,19 +25,19 @@ from tqdm.auto import tqdm
 from .core import parse_dims, resolve_device, seed_everything
 from .data import PairData, STSData, load_task
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
-from .losses import ESE, MRL, TwoDMSE, get_objective
+from .losses import get_objective
+from .methods import (DEFAULT_METHOD, Callback, CancelFit, LossContext, TrainData, get_method,
+                                    migrate_legacy)
 from .runs import RunLog, read_run
 
 # %% auto #0
-__all__ = ['METHODS', 'PAIR_OBJECTIVES', 'LOSS_OPTION_METHODS', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config',
-           'TrainData', 'training_data', 'load_encoder', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint',
-           'latest_checkpoint', 'load_checkpoint', 'export_model', 'CancelFit', 'Callback', 'EvalCallback',
-           'CheckpointCallback', 'Trainer', 'config_changes', 'Launched', 'launch']
+__all__ = ['PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'objective_data', 'training_data',
+           'load_encoder', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint', 'latest_checkpoint',
+           'load_checkpoint', 'export_model', 'EvalCallback', 'CheckpointCallback', 'Trainer', 'config_changes',
+           'Launched', 'launch']
 
 # %% ../nbs/08_trainer.ipynb #08c006
-METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic", "distill_nc")
 PAIR_OBJECTIVES = ("infonce", "cosent", "angle", "angle_term")
-LOSS_OPTION_METHODS = ("2dmse", "ese", "mipic", "mic", "distill_nc")   # losses with keyword options
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -45,11 +45,8 @@ class TrainConfig:
     model: str = "embedded"                   # embedded, a model folder, a run directory or a Hub id
     data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA
     run_dir: str = "runs/mrl"                 # where config.json, metrics.jsonl, checkpoints/ and model/ go
-    method: str = "mrl"                       # base (no Matryoshka), mrl, 2dmse, ese, mipic, mic, distill_nc
-    loss_options: dict = field(default_factory=dict)   # 2dmse / ese / mipic / mic / distill_nc: keywords of their loss
-    teacher: str = "embedded"                 # distill_nc: the teacher model (name, folder, run directory or Hub id)
-    teacher_layer: int = -1                   # distill_nc: the teacher's hidden state (-1: last)
-    label_level: str | None = None            # distill_nc on a hierarchy task: the labels' level (default: the finest)
+    method: str = DEFAULT_METHOD              # a registered method (methods.method_names()) or 'package.module:Attribute'
+    loss_options: dict = field(default_factory=dict)   # the method's own options (Method.option_names())
     objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
     train_task: str = "wiki_sents"            # any task; simcse uses its texts, pair objectives its (train) pairs
     dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims; 2DMSE draws d from those below D
@@ -66,9 +63,6 @@ class TrainConfig:
     pooling: str | None = None                # default: the model's own (mean for the embedded model)
     reinit_layers: int = 0                    # cold start: re-draw the top N transformer layers (seeded by seed; 01_encoder)
     temperature: float = 0.05                 # InfoNCE / SimCSE tau (scale 1/tau)
-    kl_temperature: float | None = None       # 2DMSE alignment / ESE compression (None: the method's default)
-    compression_size: int = 128               # ESE's k
-    n_dims_per_step: int | None = None        # MRL: sample this many dims per step
     min_pair_score: float = 4.0               # infonce on scored pairs: pairs at or above this are positives
     seed: int = 0
     log_every: int = 1
@@ -83,8 +77,7 @@ class TrainConfig:
     amp: bool = True                          # mixed precision on CUDA (ignored on CPU)
 
     def __post_init__(self):
-        checks = [(self.method in METHODS, f"method must be one of {METHODS}, got {self.method!r}"),
-                  (self.objective in ("simcse",) + PAIR_OBJECTIVES,
+        checks = [(self.objective in ("simcse",) + PAIR_OBJECTIVES,
                    f"objective must be simcse or one of {PAIR_OBJECTIVES}, got {self.objective!r}"),
                   (self.schedule in ("linear", "cosine", "constant"),
                    f"schedule must be linear, cosine or constant, got {self.schedule!r}"),
@@ -98,13 +91,10 @@ class TrainConfig:
                   (self.reinit_layers >= 0, f"reinit_layers must be 0 or more, got {self.reinit_layers}"),
                   (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
                                                  f"number of steps, got {self.diagnostics_every}")]
-        checks.append((isinstance(self.loss_options, dict),
-                       f"loss_options must be a mapping of option names to values, got {self.loss_options!r}"))
-        checks.append((not self.loss_options or self.method in LOSS_OPTION_METHODS,
-                       f"loss_options apply to the {', '.join(LOSS_OPTION_METHODS)} methods, not {self.method!r}"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        get_method(self.method).check_options(self.loss_options)   # an unknown method or option: one clear error
         object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
         object.__setattr__(self, "eval_tasks", tuple(self.eval_tasks))
 
@@ -112,14 +102,19 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 # %% ../nbs/08_trainer.ipynb #08c008
-def make_config(values: dict | None = None, overrides: list[str] | tuple = ()) -> TrainConfig:
-    "A TrainConfig from a dict of fields and 'key=value' overrides."
+def make_config(values: dict | None = None, overrides: list[str] | tuple = (), warn_legacy: bool = True) -> TrainConfig:
+    "A TrainConfig from a dict of fields and 'key=value' overrides ('loss_options.KEY=value' sets one option)."
     values = dict(values or {})
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
-        key, raw = item.split("=", 1)
-        values[key.strip()] = yaml.safe_load(raw)
+        key, raw = (x.strip() for x in item.split("=", 1))
+        if key.startswith("loss_options."):
+            options = values.get("loss_options") or {}
+            values["loss_options"] = {**(options if isinstance(options, dict) else {}), key.split(".", 1)[1]: yaml.safe_load(raw)}
+        else:
+            values[key] = yaml.safe_load(raw)
+    values = migrate_legacy(values, warn=warn_legacy)   # the six option keys that used to be top-level (07a_methods)
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -149,38 +144,25 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
     return make_config(values, overrides)
 
 # %% ../nbs/08_trainer.ipynb #08c011
-@dataclass
-class TrainData:
-    "What a step draws from: first texts, second texts (None: SimCSE views of the first), targets (scores) or None."
-    text_a: list[str]
-    text_b: list[str] | None = None
-    target: np.ndarray | None = None
-    label: np.ndarray | None = None       # distill_nc: [N] integer class labels
-    teacher: np.ndarray | None = None     # distill_nc: [N, D_T] the teacher's embeddings, computed once before training
-    def __len__(self): return len(self.text_a)
-
-def training_data(cfg: TrainConfig) -> TrainData:
-    "The training texts of cfg.train_task for cfg.objective."
+def objective_data(cfg: TrainConfig) -> TrainData:
+    "The texts (simcse) or pairs (the pair objectives) of cfg.train_task's training split that cfg.objective needs."
     task = load_task(cfg.train_task, cfg.data_dir)
     split = task.train if task.train is not None else task.test
-    if cfg.method == "distill_nc":   # labels and the teacher's cached embeddings (16_distill)
-        from matryoshka_lab.distill import distill_data
-        data = distill_data(cfg)
-    elif cfg.objective == "simcse":
+    if cfg.objective == "simcse":
         texts = split.text if hasattr(split, "text") else list(dict.fromkeys(split.sentence1 + split.sentence2))
-        data = TrainData([t for t in texts if t.strip()])
-    elif isinstance(split, STSData):
-        if cfg.objective == "infonce":
-            keep = split.score >= cfg.min_pair_score
-            data = TrainData([s for s, k in zip(split.sentence1, keep) if k], [s for s, k in zip(split.sentence2, keep) if k])
-        else:
-            data = TrainData(list(split.sentence1), list(split.sentence2), split.score.astype(np.float32))
-    elif isinstance(split, PairData) and cfg.objective == "infonce":
-        keep = split.label == 1
-        data = TrainData([s for s, k in zip(split.sentence1, keep) if k], [s for s, k in zip(split.sentence2, keep) if k])
-    else:
-        raise ValueError(f"objective {cfg.objective!r} needs scored pairs (an STS task such as stsb) or, for infonce, "
-                         f"positive pairs; task {cfg.train_task!r} is {task.kind}")
+        return TrainData([t for t in texts if t.strip()])
+    if isinstance(split, STSData) and cfg.objective != "infonce":
+        return TrainData(list(split.sentence1), list(split.sentence2), split.score.astype(np.float32))
+    if isinstance(split, (STSData, PairData)) and cfg.objective == "infonce":   # positives: scored high enough, or labelled 1
+        keep = split.score >= cfg.min_pair_score if isinstance(split, STSData) else split.label == 1
+        return TrainData([s for s, k in zip(split.sentence1, keep) if k], [s for s, k in zip(split.sentence2, keep) if k])
+    raise ValueError(f"objective {cfg.objective!r} needs scored pairs (an STS task such as stsb) or, for infonce, "
+                     f"positive pairs; task {cfg.train_task!r} is {task.kind}")
+
+def training_data(cfg: TrainConfig) -> TrainData:
+    "The training data of cfg.method (Method.training_data), else objective_data(cfg); at least one batch of it."
+    data = get_method(cfg.method).training_data(cfg)
+    data = objective_data(cfg) if data is None else data
     if len(data) < cfg.batch_size:
         raise ValueError(f"task {cfg.train_task!r} gives {len(data)} training examples, fewer than batch_size {cfg.batch_size}")
     return data
@@ -193,50 +175,15 @@ def load_encoder(cfg: TrainConfig) -> Encoder:
 # %% ../nbs/08_trainer.ipynb #08c012
 def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None,
               pooling: str | None = None):
-    "The Matryoshka loss of cfg.method over cfg.objective (mipic, mic, distill_nc: a module; distill_nc reads `data`; mipic's anchor follows `pooling`)."
+    "The loss of cfg.method over cfg.objective: its Method's build on the encoder's size, layers and pooling and the data."
     base = get_objective(cfg.objective)
     scale = 1.0 / cfg.temperature
     def objective(a, b, target=None):
         return base(a, b, target, scale=scale)
     objective.__name__ = cfg.objective
-    dims = parse_dims(list(cfg.dims), hidden_size)
-    if cfg.method == "base":
-        return MRL(objective, dims=(hidden_size,), name="base")
-    if cfg.method == "mrl":
-        return MRL(objective, dims=dims, n_dims_per_step=cfg.n_dims_per_step)
-    from_config = {"kl_temperature": cfg.kl_temperature} if cfg.kl_temperature is not None else {}
-    if cfg.method == "2dmse":
-        cls, fixed = TwoDMSE, {"dims": tuple(d for d in dims if d < hidden_size) or None, **from_config}
-    elif cfg.method == "ese":
-        cls, fixed = ESE, {"compression_size": cfg.compression_size, **from_config}
-    elif cfg.method == "mipic":
-        from matryoshka_lab.mipic import MIPIC as cls
-    elif cfg.method == "mic":
-        from matryoshka_lab.mic import MIC as cls
-    else:
-        from matryoshka_lab.distill import DistillLoss as cls
-    import inspect
-    known = set(inspect.signature(cls).parameters) - {"objective", "dims", "hidden_size", "num_layers", "teacher_dim",
-                                                      "n_classes", "name"}
-    unknown = sorted(set(cfg.loss_options) - known)
-    if unknown:
-        raise ValueError(f"unknown {cfg.method} loss option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                         f"known: {', '.join(sorted(known))}")
-    if cfg.method in ("2dmse", "ese"):
-        own = sorted({"kl_temperature", "compression_size"} & set(cfg.loss_options))
-        if own:
-            raise ValueError(f"{', '.join(own)} is a config key of its own (--set {own[0]}=...), not a loss option")
-        return cls(objective, **fixed, **cfg.loss_options)
-    if cfg.method == "distill_nc":
-        if data is None or data.teacher is None or data.label is None:
-            raise ValueError("method distill_nc builds its loss from the training data (teacher embeddings and labels): "
-                             "pass data=training_data(cfg)")
-        return cls(dims, hidden_size, teacher_dim=data.teacher.shape[1], n_classes=int(data.label.max()) + 1,
-                   **cfg.loss_options)
-    options = dict(cfg.loss_options)
-    if cfg.method == "mipic" and pooling is not None:       # the model's own pooling: its [CLS] only when CLS-pooled
-        options.setdefault("anchor", "cls" if pooling == "cls" else "pooled")
-    return cls(objective, dims=dims, hidden_size=hidden_size, num_layers=num_layers, **options)
+    method = get_method(cfg.method)
+    ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)
+    return method.build(ctx, method.check_options(cfg.loss_options))
 
 # %% ../nbs/08_trainer.ipynb #08c012b
 class _GatherWithGrad(torch.autograd.Function):
@@ -408,19 +355,6 @@ def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None
     return path
 
 # %% ../nbs/08_trainer.ipynb #08c018
-class CancelFit(Exception):
-    "Raised by a callback to stop training cleanly after the current step."
-
-class Callback:
-    "Base class: override the events you need; `order` sorts callbacks (lower first)."
-    order = 0
-    def before_fit(self, trainer): pass
-    def before_step(self, trainer): pass
-    def after_loss(self, trainer): pass
-    def after_backward(self, trainer): pass
-    def after_step(self, trainer): pass
-    def after_fit(self, trainer): pass
-
 class EvalCallback(Callback):
     "Evaluate the layer x dim grid every `every` steps (0: at the end only); log it and write grid.csv."
     order = 10
@@ -479,12 +413,12 @@ class Trainer:
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
-        if self.loss_module is not None:   # one loss on every process: rank 0's draw of MIPIC's phi_i, distill_nc's projections
+        if self.loss_module is not None:   # one loss on every process: rank 0's draw of its parameters (MIPIC's phi_i)
             self.dist.broadcast(list(self.loss_module.parameters()) + list(self.loss_module.buffers()))
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
         own = {id(p) for p in self.loss_module.parameters()} if self.loss_module else set()
-        groups = {}                          # (lr, no weight decay: distill_nc's Householder signs) -> parameters
+        groups = {}                          # (lr, no weight decay: flagged no_weight_decay) -> parameters
         for p in self.params:
             lr = config.loss_lr if id(p) in own and config.loss_lr is not None else config.lr
             groups.setdefault((lr, getattr(p, "no_weight_decay", False)), []).append(p)
@@ -497,9 +431,7 @@ class Trainer:
         default_cbs = [CheckpointCallback(config.checkpoint_every, config.keep_checkpoints)]
         if config.eval_every >= 0:
             default_cbs.append(EvalCallback(config.eval_every))
-            if config.method == "distill_nc":   # NC1 of student and teacher on a held-out probe (16_distill)
-                from matryoshka_lab.distill import NC1Callback
-                default_cbs.append(NC1Callback(config.eval_every))
+        default_cbs += get_method(config.method).callbacks(config)   # a method's own (distill_nc: NC1 on a probe, 16_distill)
         if config.diagnostics_every >= 0:   # geometry of a fixed probe, within a time budget at 0 (18_diagnostics)
             from matryoshka_lab.diagnostics import DiagnosticsCallback
             default_cbs.append(DiagnosticsCallback(config.diagnostics_every))
@@ -539,9 +471,9 @@ def _train_step(self) -> dict:
         mine = self.dist.shard(idx)
         texts_a = [data.text_a[i] for i in mine]
         texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in mine]
-        target = None if data.target is None else torch.as_tensor(data.target[idx], device=enc.device)
-        if data.teacher is not None:   # distill_nc: the batch's precomputed teacher rows and labels
-            target = (torch.as_tensor(data.teacher[idx], device=enc.device), torch.as_tensor(data.label[idx], device=enc.device))
+        rows = data.rows(idx)                                 # the batch's targets: scores, or a method's own arrays
+        target = (tuple(torch.as_tensor(r, device=enc.device) for r in rows) if isinstance(rows, tuple)
+                  else None if rows is None else torch.as_tensor(rows, device=enc.device))
         with torch.autocast(enc.device.type, enabled=use_amp):
             a = self._view(texts_a)                           # [L+1, B, D] (token losses: EncoderOutput)
             b = a if getattr(self.loss_fn, "single_view", False) else self._view(texts_b)
@@ -573,6 +505,10 @@ def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHAN
     "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."
     path = Path(run_dir) / "config.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
+    try:                                    # a config.json written before methods owned their options (07a_methods)
+        saved = migrate_legacy(saved)
+    except ValueError:
+        pass                                # left as saved: the legacy key shows as a change
     current = json.loads(json.dumps(cfg.to_dict(), default=str))
     return sorted(k for k in saved if k not in allowed and saved[k] != current.get(k))
 

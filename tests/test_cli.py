@@ -125,3 +125,22 @@ def test_fractal_out_must_be_json(tmp_path):
     res = run("fractal", "--dataset", "builtin_intents", "--out", str(tmp_path / "f.csv"))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == f"error: --out must be a .json file, got {str(tmp_path / 'f.csv')!r}"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("method=mlr", "error: method must be one of ('base', 'mrl', '2dmse', 'ese', 'mipic', 'mic', 'distill_nc') or "
+                   "'package.module:Attribute' naming a Method, got 'mlr'"),
+    ("method=no_such_package.methods:Mine", "error: method 'no_such_package.methods:Mine': importing module "
+                                            "'no_such_package.methods' failed (ModuleNotFoundError"),
+    ("method=matryoshka_lab.losses:Nope", "error: method 'matryoshka_lab.losses:Nope': module 'matryoshka_lab.losses' "
+                                          "has no attribute 'Nope'"),
+    ("loss_options.alpah=1", "error: unknown mipic loss option 'alpah'; known: alpha, anchor, att_tau"),
+])
+def test_train_method_errors(tmp_path, override, message):
+    "A bad method name, a method module that does not import, an unknown option: one error line, status 2, nothing written."
+    config = os.path.join(os.path.dirname(__file__), "..", "configs", "mipic.yaml")
+    res = run("train", config, "--set", override, "--set", f"run_dir={tmp_path / 'run'}", "--no-progress")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), res.stderr
+    assert not (tmp_path / "run").exists()

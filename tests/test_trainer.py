@@ -1,5 +1,6 @@
 """Trainer: CLI runs of every method, crash and resume with identical losses, two processes = one, a diverging loss,
 config mistakes."""
+import json
 import signal
 import subprocess
 import time
@@ -9,8 +10,8 @@ import torch
 
 from conftest import ROOT
 from matryoshka_lab.runs import read_run
-from matryoshka_lab.trainer import (CancelFit, Callback, CheckpointCallback, Trainer, TrainData, latest_checkpoint,
-                                    load_config, make_config)
+from matryoshka_lab.trainer import (CancelFit, Callback, CheckpointCallback, Trainer, TrainData, config_changes,
+                                    latest_checkpoint, load_config, make_config)
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -23,7 +24,7 @@ def train_cmd(config, run_dir, *sets):
 def test_every_config_trains_through_the_cli(config, tiny_model_dir, tmp_path):
     load_config(config)   # the shipped file itself is valid
     sets = [f"model={tiny_model_dir}", "max_steps=3", "batch_size=8", "checkpoint_every=2", "eval_tasks=[builtin_sts]",
-            "dims=[8,16,32]", "compression_size=16"]
+            "dims=[8,16,32]"] + (["loss_options.compression_size=16"] if config.stem == "ese" else [])
     if "angle" in config.stem:
         sets.append("train_task=builtin_sts")
     else:
@@ -77,7 +78,7 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
 
 @pytest.mark.parametrize("sets", [
     ["method=2dmse", "objective=simcse", "train_task=builtin_intents", "grad_accum=2"],   # in-batch negatives + KL
-    ["method=ese", "objective=cosent", "train_task=builtin_sts", "compression_size=16"],  # ranking + batch SVD
+    ["method=ese", "objective=cosent", "train_task=builtin_sts", "loss_options={compression_size: 16}"],  # ranking + batch SVD
     ["method=mic", "objective=simcse", "train_task=builtin_intents"],   # token states gathered, padded per process
     # + the loss's own parameters (P_i, phi_i): every process must train rank 0's draw of phi_i (drawn from each process's
     # seed, the step-1 gradient norm was 0.3 % off; the [CLS] anchor hid it: this model's [CLS] states are all alike,
@@ -150,18 +151,35 @@ def test_a_loss_with_parameters_resumes_with_the_same_losses(tiny_encoder, tmp_p
 
 
 def test_loss_options_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="loss_options apply to the 2dmse, ese, mipic, mic, distill_nc methods, not 'mrl'"):
+    with pytest.raises(ValueError, match="unknown mrl loss option 'alpha'; known: n_dims_per_step, reduction, weights"):
         make_config({"method": "mrl", "loss_options": {"alpha": 0.5}})
-    from matryoshka_lab.trainer import make_loss
     with pytest.raises(ValueError, match="unknown mic loss option 'alpha'; known: "):
-        make_loss(make_config({"method": "mic", "loss_options": {"alpha": 0.5}}), 384, 6)
+        make_config({"method": "mic", "loss_options": {"alpha": 0.5}})
     with pytest.raises(ValueError, match="unknown 2dmse loss option 'dims'; known: alignment, detach_target, "):
-        make_loss(make_config({"method": "2dmse", "loss_options": {"dims": [8]}}), 384, 6)
-    with pytest.raises(ValueError, match=r"kl_temperature is a config key of its own \(--set kl_temperature=...\)"):
-        make_loss(make_config({"method": "ese", "loss_options": {"kl_temperature": 2.0}}), 384, 6)
-    two = make_loss(make_config({"method": "2dmse", "kl_temperature": 0.3, "loss_options": {"alignment": "similarity"}}), 384, 6)
+        make_config({"method": "2dmse", "loss_options": {"dims": [8]}})
+    from matryoshka_lab.trainer import make_loss
+    with pytest.raises(ValueError, match="kl_temperature must be positive, got -1"):       # a bad value: the loss class's own check
+        make_loss(make_config({"method": "ese", "loss_options": {"kl_temperature": -1}}), 384, 6)
+    two = make_loss(make_config({"method": "2dmse", "loss_options": {"alignment": "similarity", "kl_temperature": 0.3}}), 384, 6)
     assert (two.alignment, two.kl_temperature, two.detach_target) == ("similarity", 0.3, True)
     assert make_loss(make_config({"method": "ese", "loss_options": {"compress": False}}), 384, 6).compress is False
+
+
+def test_top_level_option_keys_keep_working(tmp_path):
+    "The six option keys that were top-level config keys move under loss_options, with the new spelling in a FutureWarning."
+    with pytest.warns(FutureWarning, match="write loss_options.kl_temperature"):
+        cfg = make_config({"method": "2dmse"}, ["kl_temperature=0.3"])
+    assert cfg.loss_options == {"kl_temperature": 0.3}
+    with pytest.raises(ValueError, match=r"compression_size is an option of method ese \(loss_options.compression_size\), not of 'mrl'"):
+        make_config({"method": "mrl", "compression_size": 16})
+    old = {**make_config({"method": "ese", "loss_options": {"compression_size": 16}}).to_dict(), "run_dir": str(tmp_path)}
+    del old["loss_options"]                       # a config.json written before the move: every legacy key at top level
+    old.update(loss_options={}, compression_size=16, kl_temperature=None, n_dims_per_step=None, teacher="embedded",
+               teacher_layer=-1, label_level=None)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    same = make_config({"method": "ese", "run_dir": str(tmp_path), "loss_options": {"compression_size": 16}})
+    assert config_changes(tmp_path, same) == []   # a run saved with the old keys resumes under the new spelling
+    assert config_changes(tmp_path, make_config({"method": "ese", "run_dir": str(tmp_path)})) == ["loss_options"]
 
 
 class Poison(Callback):
@@ -215,7 +233,8 @@ class RecomputeDistill(Callback):
         data, enc = trainer.data, trainer.encoder
         with torch.no_grad():   # the tiny models have no dropout: the forward is deterministic
             student = enc(**enc.tokenize([data.text_a[i] for i in idx], trainer.config.max_length)).pooled[-1]
-            again = trainer.loss_fn.distill(student, torch.as_tensor(data.teacher[idx]), torch.as_tensor(data.label[idx]))
+            teacher, label = data.rows(idx)
+            again = trainer.loss_fn.distill(student, torch.as_tensor(teacher), torch.as_tensor(label))
         self.gaps.append(abs(again.total.item() - trainer.out.total.item()))
 
 
@@ -223,8 +242,8 @@ def test_distill_nc_trains_with_orthonormal_projections_and_resumes(tiny_encoder
     "distill_nc on a tiny student: teacher rows looked up per batch, P P^T = I after training, a stopped run resumes exactly."
     import numpy as np
     rng = np.random.default_rng(0)
-    data = TrainData([f"request number {i} about topic {i % 4}" for i in range(40)], label=np.arange(40) % 4,
-                     teacher=rng.normal(size=(40, 48)).astype(np.float32))
+    data = TrainData([f"request number {i} about topic {i % 4}" for i in range(40)],
+                     target=(rng.normal(size=(40, 48)).astype(np.float32), np.arange(40) % 4))
     cfg = {**load_config(ROOT / "configs" / "distill_nc.yaml").to_dict(),   # the shipped config, CPU-test sized
            "max_steps": 6, "batch_size": 8, "dims": [8, 16, 32], "eval_every": -1, "checkpoint_every": 0, "lr": 1e-2}
     assert cfg["method"] == "distill_nc" and cfg["loss_options"]["lambda_cls"] > 0
@@ -251,7 +270,7 @@ def test_distill_nc_config_errors(tmp_path):
     with pytest.raises(ValueError, match="builds its loss from the training data"):
         make_loss(make_config({"method": "distill_nc"}), 384, 6)
     import numpy as np
-    data = TrainData(["a", "b"], label=np.array([0, 1]), teacher=np.zeros((2, 64), np.float32))
+    data = TrainData(["a", "b"], target=(np.zeros((2, 64), np.float32), np.array([0, 1])))
     with pytest.raises(ValueError, match="dim 384 exceeds the teacher's embedding size 64"):
         make_loss(make_config({"method": "distill_nc"}), 384, 6, data)
 
