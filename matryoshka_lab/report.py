@@ -69,7 +69,8 @@ def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3
             if (m, layer, dim) not in stats.index:
                 raise ValueError(f"{setting}: no {m} rows at layer {layer}, dim {dim}")
             s = stats.loc[(m, layer, dim)]
-            row[name] = f"{s['mean']:.2f}" if s["count"] < 2 else f"{s['mean']:.2f} ± {s['std']:.2f}"
+            one = s["count"] < 2 or m == "untrained"          # the untrained model is the same for every seed
+            row[name] = f"{s['mean']:.2f}" if one else f"{s['mean']:.2f} ± {s['std']:.2f}"
         row["seeds"] = "(not trained)" if m == "untrained" else ", ".join(map(str, meta["methods"][m]["seeds"]))
         rows[LABELS.get(m, m)] = row
     return md_table(pd.DataFrame(rows).T.rename_axis("model"))
