@@ -127,7 +127,7 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
 
 def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, command: str, max_steps: int) -> Path:
     "Merge a sweep's tidy summary into FOLDER/summary.csv (its runs' rows replace theirs) and record what made them in FOLDER/meta.json."
-    folder = Path(folder)
+    folder, commit = Path(folder), git_commit()          # the commit before this writes: not '+dirty' from its own files
     folder.mkdir(parents=True, exist_ok=True)
     old, meta = (read_results(folder) if (folder / "summary.csv").is_file()
                  else (None, {"setting": setting, "methods": {}, "runs": {}}))
@@ -145,7 +145,7 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
                       if k not in ("method", "loss_options", "seed", "run_dir")}
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for m, seed in sorted(runs):
-        meta["runs"][f"{m}_seed{seed}"] = {"command": command, "library_version": __version__, "commit": git_commit(),
+        meta["runs"][f"{m}_seed{seed}"] = {"command": command, "library_version": __version__, "commit": commit,
                                            "written": when}
     for m in dict.fromkeys(merged.method):
         meta["methods"][m] = {"variant": VARIANTS[m], "max_steps": meta["methods"].get(m, {}).get("max_steps", max_steps),
