@@ -102,7 +102,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 # %% ../nbs/08_trainer.ipynb #08c008
-def make_config(values: dict | None = None, overrides: list[str] | tuple = (), warn_legacy: bool = True) -> TrainConfig:
+def make_config(values: dict | None = None, overrides: list[str] | tuple = ()) -> TrainConfig:
     "A TrainConfig from a dict of fields and 'key=value' overrides ('loss_options.KEY=value' sets one option)."
     values = dict(values or {})
     for item in overrides:
@@ -114,7 +114,7 @@ def make_config(values: dict | None = None, overrides: list[str] | tuple = (), w
             values["loss_options"] = {**(options if isinstance(options, dict) else {}), key.split(".", 1)[1]: yaml.safe_load(raw)}
         else:
             values[key] = yaml.safe_load(raw)
-    values = migrate_legacy(values, warn=warn_legacy)   # the six option keys that used to be top-level (07a_methods)
+    values = migrate_legacy(values, warn=True)   # the six option keys that used to be top-level (07a_methods)
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
