@@ -12,8 +12,11 @@ alike; each setup's figure is its median over rounds. Setups:
   st_2d       sentence-transformers Matryoshka2dLoss(MultipleNegativesRankingLoss), one layer and one dim per step
   mipic       ours, MIPIC (MRL + SIA + PIC on the token states of the same pass; its P_i and phi_i are trained too)
   mic         ours, MIC (MRL + SCR + SIR on the token states of the same pass)
+  st_ours_*   sentence-transformers' step with our loss through the adapter (matryoshka_lab.st_loss.MatryoshkaLabLoss):
+              what SentenceTransformerTrainer.compute_loss runs, loss(features, labels), then backward and AdamW, for
+              mrl, 2dmse, mipic and mic
 The last line is one JSON object with the ratios (mrl_over_base, 2dmse_over_mrl, mrl_over_st_matryoshka,
-2dmse_over_st_matryoshka2d, mipic_over_mrl, mic_over_mrl) and the medians in seconds; --out also writes it, with the
+2dmse_over_st_matryoshka2d, mipic_over_mrl, mic_over_mrl, and st_ours_M_over_M for the adapter) and the medians in seconds; --out also writes it, with the
 command, commit and date, to FILE (the committed one is results/bench/step_time.json, read by the README's table).
 """
 import argparse
@@ -36,8 +39,10 @@ from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
 from matryoshka_lab.report import STEP_TIME_GOALS
+from matryoshka_lab.st_loss import MatryoshkaLabLoss
 
 DIMS = [16, 32, 64, 128, 256, 384]
+ADAPTED = ("mrl", "2dmse", "mipic", "mic")   # our losses timed inside sentence-transformers' step too
 
 
 def ours(enc, loss, batch_a, batch_b, opt, gen):
@@ -96,10 +101,14 @@ def main():
     st.max_seq_length = args.max_length
     st.train()
     feats = [st.preprocess(text_a), st.preprocess(text_b)]
-    st_opt = torch.optim.AdamW(st.parameters(), lr=0.0)
+    adapters = {m: MatryoshkaLabLoss(st, m, dims=dims) for m in ADAPTED}
+    st_opt = torch.optim.AdamW(list(st.parameters()) + [p for a in adapters.values() if a.loss is not None
+                                                         for p in a.loss.parameters()], lr=0.0)
     mnrl = st_losses.MultipleNegativesRankingLoss(st)
     setups["st_mrl"] = st_step(st, st_losses.MatryoshkaLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
     setups["st_2d"] = st_step(st, st_losses.Matryoshka2dLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
+    for m, adapter in adapters.items():
+        setups[f"st_ours_{m}"] = st_step(st, adapter, feats, st_opt)
 
     names = list(setups)
     for name in names:          # warm-up: allocator, threads, first-call overheads
@@ -112,13 +121,14 @@ def main():
             times[name].append(time.perf_counter() - t0)
     med = {n: statistics.median(v) for n, v in times.items()}
     for n in names:
-        print(f"{n:7s} median {med[n] * 1000:7.1f} ms/step  (min {min(times[n]) * 1000:.1f}, max {max(times[n]) * 1000:.1f})")
+        print(f"{n:14s} median {med[n] * 1000:7.1f} ms/step  (min {min(times[n]) * 1000:.1f}, max {max(times[n]) * 1000:.1f})")
     result = {"mrl_over_base": round(med["mrl"] / med["base"], 3),
               "2dmse_over_mrl": round(med["2dmse"] / med["mrl"], 3),
               "mrl_over_st_matryoshka": round(med["mrl"] / med["st_mrl"], 3),
               "2dmse_over_st_matryoshka2d": round(med["2dmse"] / med["st_2d"], 3),
               "mipic_over_mrl": round(med["mipic"] / med["mrl"], 3),
               "mic_over_mrl": round(med["mic"] / med["mrl"], 3),
+              **{f"st_ours_{m}_over_{m}": round(med[f"st_ours_{m}"] / med[m], 3) for m in ADAPTED},
               "batch_size": args.batch_size, "max_length": args.max_length, "rounds": args.rounds,
               "median_seconds": {n: round(v, 4) for n, v in med.items()}}
     print("; ".join(f"{label} {result[key]}x (goal <= {goal})" for key, (label, goal) in STEP_TIME_GOALS.items()))

@@ -219,7 +219,7 @@ class FractalHead(nn.Module):
 
     def prefix_view(self, e: torch.Tensor, blocks) -> torch.Tensor:
         "The first `blocks` blocks of e (an int or one per row [B]), zero-padded to [B, D]; L2-normalised under the authors' normalisation."
-        kept = torch.as_tensor(blocks).reshape(-1, 1) > torch.arange(self.n_blocks)          # [B or 1, J]
+        kept = torch.as_tensor(blocks, device=e.device).reshape(-1, 1) > torch.arange(self.n_blocks, device=e.device)   # [B or 1, J]
         x = e * kept.to(e.dtype).repeat_interleave(self.dim // self.n_blocks, dim=1)
         return x if self.final_norm is None else F.normalize(x, dim=-1)
 
@@ -272,6 +272,7 @@ def _branch(head: FractalHead, x: torch.Tensor, y: tuple, weights: dict, pos: di
     parts, B = {}, len(x)
     for v, w in weights.items():
         logits = classifier(x) if classifier is not None else head.logits(x, v)
+        w = w.to(x.device)
         parts[f"{name}/L{v}/ce"] = scale * (w * F.cross_entropy(logits, y[v], reduction="none")).sum() / B
         if cfg.contrastive_weight:
             parts[f"{name}/L{v}/infonce"] = scale * cfg.contrastive_weight * (w * info_nce(x, pos[v], cfg.temperature)).sum() / B
@@ -295,7 +296,7 @@ def fractal_step(head: FractalHead, cfg, sup: Supervision, h: torch.Tensor, y: t
     out = head(torch.cat([h, h] + [pos_h[v] for v in levels]))          # full-branch and prefix-branch anchors, positives: one pass, own dropout per row
     e_full, e_pre = out[:B], out[B:2 * B]
     pos = {v: head.full_view(out[(2 + i) * B:(3 + i) * B]) for i, v in enumerate(levels)}
-    keep = block_keep_mask(B, cfg.keep_probs, cfg.dim, generator)
+    keep = block_keep_mask(B, cfg.keep_probs, cfg.dim, generator).to(h.device)   # drawn on the CPU generator, used where h is
     e_full = e_full * keep
     if cfg.block_dropout == "all":
         e_pre = e_pre * keep
