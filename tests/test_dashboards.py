@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -476,3 +477,53 @@ def test_notebook_shows_new_step_within_2s(tmp_path):
         time.sleep(1.2)
         page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
         print(f"new step shown in the notebook {seen:.3f} s after the write")
+
+
+def tutorial_module(folder: Path) -> str:
+    "The tutorial's own method module (nbs/22_your_method.ipynb, its %%writefile cell) written into folder/my_methods."
+    nb = json.loads((ROOT / "nbs" / "22_your_method.ipynb").read_text(encoding="utf-8"))
+    cell = next("".join(c["source"]) for c in nb["cells"] if "".join(c["source"]).startswith("%%writefile"))
+    (folder / "my_methods").mkdir(parents=True)
+    (folder / "my_methods" / "__init__.py").write_text("")
+    (folder / "my_methods" / "diagonal.py").write_text(cell.split("\n", 1)[1])
+    return "my_methods.diagonal:Diagonal"
+
+
+def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeypatch):
+    "The tutorial's method, trained next to MRL and 2DMSE (a tiny model, 2 steps), in the compare tab: chosen by clicking, its grid values shown."
+    browser_or_skip()
+    from matryoshka_lab.trainer import Trainer, make_config
+    monkeypatch.syspath_prepend(str(tmp_path))
+    method = tutorial_module(tmp_path)
+    runs, common = tmp_path / "runs", {"model": str(tiny_model_dir), "objective": "angle", "train_task": "builtin_sts",
+                                       "max_steps": 2, "batch_size": 8, "max_length": 32, "dims": [8, 16, 32],
+                                       "eval_tasks": ["builtin_sts"], "eval_every": 0, "checkpoint_every": 0}
+    for name, m in [("mrl", "mrl"), ("2dmse", "2dmse"), ("diagonal", method)]:
+        Trainer(make_config({**common, "method": m, "run_dir": str(runs / name)}), progress=False).fit()
+    grid = {name: pd.read_csv(runs / name / "grid.csv").set_index(["layer", "dim"]).value for name in ("mrl", "diagonal")}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with serve(runs, port), chromium_page(1500, 1100) as page:
+        page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
+        page.locator(".ml-step").wait_for(timeout=60_000)
+        page.get_by_text("Compare", exact=True).first.click()
+        pick = page.locator("input.choices__input--cloned >> visible=true")
+        pick.wait_for(timeout=20_000)
+        while page.locator("button.choices__button >> visible=true").count():   # clear the default choice
+            page.locator("button.choices__button >> visible=true").first.click()
+            time.sleep(0.3)
+        for name in ("mrl", "2dmse", "diagonal"):                 # MRL first: the reference of the deltas
+            pick.click()
+            page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
+            time.sleep(0.3)
+        pattern = page.locator("input.bk-input[type=text] >> visible=true")
+        pattern.fill("builtin_sts/*")
+        pattern.press("Enter")
+        page.get_by_text("Δ diagonal").first.wait_for(timeout=20_000)
+        time.sleep(1.5)
+        head = page.locator("tr:has-text('Δ diagonal')").first.inner_text().split("\t")
+        row = page.locator("tr:has-text('builtin_sts/L1/d8/spearman')").first.inner_text().split("\t")
+        page.screenshot(path=str(ARTIFACTS / "compare_your_method.png"), full_page=False)
+    assert [h.strip() for h in head[1:]] == ["mrl", "2dmse", "diagonal", "Δ 2dmse", "Δ diagonal"], head
+    mrl, diagonal = grid["mrl"][(1, 8)], grid["diagonal"][(1, 8)]
+    assert (row[1], row[3], row[5]) == (f"{mrl:.4g}", f"{diagonal:.4g}", f"{diagonal - mrl:.4g}"), row
