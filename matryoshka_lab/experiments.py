@@ -45,6 +45,8 @@ VARIANTS = {   # name -> what it trains with; the papers' ablations are variants
     "mipic_full_tokens": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "topk": False}},        # Table 8
     "mipic_no_att": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "use_att": False}},          # Table 9
     "mipic_att_tau1": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "att_tau": 1.0}},          # a soft attention teacher (issue 15)
+    "mipic_loss_lr1e-3": {"method": "mipic", "loss_options": {**PAPER_MIPIC}, "loss_lr": 1e-3},    # P_i, phi_i at their own lr (issue 15)
+    "mipic_loss_lr1e-2": {"method": "mipic", "loss_options": {**PAPER_MIPIC}, "loss_lr": 1e-2},
     "mic": {"method": "mic"},
     "mic_scr_only": {"method": "mic", "loss_options": {"use_sir": False}},            # mic.txt Table 5
     "mic_sir_only": {"method": "mic", "loss_options": {"use_scr": False}},            # Table 5

@@ -28,7 +28,8 @@ LABELS = {"untrained": "untrained", "base": "base (no Matryoshka)", "mrl": "MRL"
           "2dmse_similarity": "2DMSE, `alignment: similarity`", "ese": "ESE", "mipic": "MIPIC",
           "mipic_detached_teacher": "MIPIC, `a_D` detached", "mipic_no_sia": "MIPIC without SIA",
           "mipic_no_pic": "MIPIC without PIC", "mipic_no_att": "MIPIC without attention alignment",
-          "mipic_att_tau1": "MIPIC, `att_tau: 1`", "mic": "MIC",
+          "mipic_att_tau1": "MIPIC, `att_tau: 1`", "mipic_loss_lr1e-3": "MIPIC, `loss_lr: 1e-3`",
+          "mipic_loss_lr1e-2": "MIPIC, `loss_lr: 1e-2`", "mic": "MIC",
           "mic_scr_only": "MIC without SIR (SCR only)", "mic_sir_only": "MIC without SCR (SIR only)"}
 
 def _cells(cells) -> list[tuple[str, int, int]]:
