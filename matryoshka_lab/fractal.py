@@ -25,8 +25,8 @@ from .encoder import encode_cached
 from .eval import knn_grid
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'prefix_dims',
-           'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'steerability', 'steerability_auc',
+__all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'PAPER_S',
+           'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'steerability', 'steerability_auc',
            'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation', 'Supervision',
            'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody', 'FractalHead', 'block_keep_mask',
            'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'FractalConfig', 'fractal_config',
@@ -873,3 +873,11 @@ def quadratic_fit(x, y) -> dict:
     resid = y - np.polyval((a, b, c), x)
     return {"a": float(a), "b": float(b), "c": float(c), "r2": float(1 - (resid ** 2).sum() / ((y - y.mean()) ** 2).sum()),
             "vertex": float(-b / (2 * a)) if a != 0 else math.nan}
+
+# %% ../nbs/15_fractal.ipynb #r01b
+PAPER_S = {  # fractal_embeddings.txt: Table 3 (S mean +- SD, 5 seeds; V5 vs MRL p_adj and d) and Table 4 (ablations, fixed split)
+    "clinc150": {"v5": (0.150, 0.028), "mrl": (0.007, 0.016), "p_adj": 0.004, "d": 4.3,
+                 "table4": {"v5": (0.053, 0.004), "inverted": (-0.018, 0.005), "no_prefix": (0.009, 0.005), "uhmt": (0.001, 0.005)}},
+    "trec": {"v5": (0.044, 0.017), "mrl": (-0.001, 0.015), "p_adj": 0.038, "d": 2.4,
+             "table4": {"v5": (0.045, 0.023), "inverted": (-0.025, 0.008), "no_prefix": (-0.003, 0.008), "uhmt": (-0.009, 0.017)}}}
+

@@ -9,13 +9,16 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .experiments import STS_TEST, paired_table, read_results, seed_stats
+from .fractal import PAPER_S
 
 # %% auto #0
-__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table',
-           'share_table', 'step_time_table', 'render_table', 'fill_tables']
+__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'TABLES',
+           'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table', 'fractal_table',
+           'fractal_toggles_table', 'render_table', 'fill_tables']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -120,8 +123,73 @@ def step_time_table(results="results") -> str:
                     "met": "yes" if result[key] <= goal else "no"} for key, (label, goal) in STEP_TIME_GOALS.items()}
     return md_table(pd.DataFrame(rows).T.rename_axis("ratio of median step times"))
 
+# %% ../nbs/21_report.ipynb #21c014c
+FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
+FRACTAL_ROWS = (("ours, `authors`", ("authors", "authors_inverted", "authors_no_prefix", "authors_uhmt")),
+                ("the authors' code, same vectors and rows", ("authors_code",)),
+                ("ours, `paper-text`", ("paper-text",)))
+FRACTAL_TOGGLES = {"metric_terms": "InfoNCE + margin metric terms", "prefix_labels": "coarse-only prefix labels",
+                   "metric_terms+prefix_labels": "both of the above", "prefix_sampling": "prefix sampled per example",
+                   "network_head": "the authors' network head (without it: a linear head)",
+                   "normalisation": "LayerNorm / L2 views", "block_dropout": "block dropout on the full-vector term only",
+                   "schedule": "constant lr (without it: cosine)", "drop_last": "the short last batch dropped",
+                   "selection": "best epoch by leave-one-out", "split": "one split for every seed, 15 % validation"}
+
+def _fractal_file(results, dataset: str, name: str) -> dict | None:
+    path = Path(results) / "fractal" / dataset / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+def _s_values(res: dict, condition: str, seeds=None) -> dict:
+    "{evaluation: [S of each run of condition (of `seeds`)]} in the file's run order."
+    runs = [r for r in res["runs"] if r["condition"] == condition and (seeds is None or r["seed"] in seeds)]
+    return {ev: [r["S_by_eval"][ev] for r in runs] for ev in runs[0]["S_by_eval"]} if runs else {}
+
+def _s_cell(values: dict, sd: bool = True) -> str:
+    "'+m ± sd / +m / +m' over the evaluations (the first with its SD), '' for no runs."
+    if not values:
+        return ""
+    cells = [f"{np.mean(v):+.3f}" for v in values.values()]
+    first = next(iter(values.values()))
+    if sd and len(first) > 1:
+        cells[0] += f" ± {np.std(first, ddof=1):.3f}"
+    return " / ".join(cells)
+
+def fractal_table(results="results", dataset: str = "clinc150") -> str:
+    "Every condition's S (mean ± SD under the authors' evaluation / mean under the others) in each protocol's files, with the paper's."
+    rows = {}
+    for label, names in FRACTAL_ROWS:
+        files = [f for f in (_fractal_file(results, dataset, n) for n in names) if f is not None]
+        if not files:
+            continue
+        rows[label] = {name: next((_s_cell(_s_values(f, c)) for f in files if c in f["conditions"]), "")
+                       for c, name in FRACTAL_CONDITIONS.items()}
+    if not rows:
+        raise ValueError(f"no result files of {dataset!r} under {str(Path(results) / 'fractal' / dataset)!r}: "
+                         f"run experiments/fractal_protocols.py main --dataset {dataset}")
+    paper = PAPER_S.get(dataset)
+    if paper:
+        rows["paper (BGE-small; ablations from Table 4)"] = {
+            name: (_s_cell({"S": [paper[c][0]]}) + f" ± {paper[c][1]:.3f}" if c in ("v5", "mrl")
+                   else _s_cell({"S": [paper["table4"][c][0]]}) if c in paper["table4"] else "")
+            for c, name in FRACTAL_CONDITIONS.items()}
+    return md_table(pd.DataFrame(rows).T.rename_axis(""))
+
+def fractal_toggles_table(results="results", dataset: str = "clinc150", seeds: str = "42,123,456") -> str:
+    "V5's S (means under each evaluation) with each difference added to paper-text and removed from authors."
+    keep = {int(s) for s in seeds.split(",")}
+    def cell(name):
+        res = _fractal_file(results, dataset, name)
+        return _s_cell(_s_values(res, "v5", keep), sd=False) if res is not None else ""
+    rows = {"(nothing changed)": {"`paper-text` plus it": cell("paper-text"), "`authors` without it": cell("authors")}}
+    for key, label in FRACTAL_TOGGLES.items():
+        row = {"`paper-text` plus it": cell(f"toggle_paper-text+{key}"), "`authors` without it": cell(f"toggle_authors-{key}")}
+        if any(row.values()):
+            rows[label] = row
+    return md_table(pd.DataFrame(rows).T.rename_axis(""))
+
 # %% ../nbs/21_report.ipynb #21c016
-TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table}
+TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
+          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
