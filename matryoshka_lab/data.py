@@ -285,7 +285,7 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
     if name == "builtin_sts":
         return Task(spec, builtin_sts(seed=1), builtin_sts(seed=0), source="generated")
     if name == "builtin_intents":
-        return Task(spec, builtin_intents(seed=1, per_intent=6), builtin_intents(seed=0), source="generated")
+        return Task(spec, builtin_intents(seed=1, per_intent=6), builtin_intents(seed=0, split="train"), source="generated")
     if name == "mipic_corpus":
         return Task(spec, mipic_corpus(data_dir), None, source="mipic.txt App. A.2 sample")
     root = resolve_data_dir(data_dir)
@@ -300,56 +300,88 @@ def load_task(name: str, data_dir: str | Path | None = None) -> Task:
     return _load_from_hub(spec)
 
 # %% ../nbs/02_data.ipynb #02c023
-_WHO = ["a man", "a woman", "a child", "an old man", "a girl", "a dog", "a cat", "a chef"]
-_ACTS = {"is playing": ["a guitar", "the piano", "a flute", "the drums"],
-         "is eating": ["an apple", "a sandwich", "some rice", "a salad"],
-         "is riding": ["a horse", "a bicycle", "a motorbike", "an elephant"],
-         "is reading": ["a book", "a newspaper", "a letter", "a map"],
-         "is cutting": ["an onion", "a tomato", "some bread", "a cucumber"]}
-_WHERE = ["in the park", "on the beach", "in the kitchen", "on a stage", "in the garden", "at home"]
-_WEIGHTS = {"who": 1.5, "act": 1.5, "obj": 1.5, "where": 0.5}
+_WHO = {"a man": ["a guy", "a gentleman"], "a woman": ["a lady", "a female adult"], "a boy": ["a young lad", "a kid"],
+        "a girl": ["a young girl", "a little girl"], "a dog": ["a puppy", "a hound"], "a cat": ["a kitten", "a feline"],
+        "a police officer": ["a cop", "a policeman"], "a doctor": ["a physician", "a medic"], "a chef": ["a cook", "a kitchen worker"],
+        "a student": ["a pupil", "a schoolkid"], "an old man": ["an elderly man", "a grandfather"],
+        "a crowd": ["a group of people", "many people"], "a musician": ["a performer", "an artist"],
+        "a farmer": ["a rancher", "a grower"], "a baby": ["an infant", "a toddler"]}
+_ACTS = {"is playing a guitar": ["is strumming a guitar", "plays the guitar"], "is eating an apple": ["is biting into an apple", "eats an apple"],
+         "is riding a horse": ["is on horseback", "rides a horse"], "is reading a book": ["is looking through a novel", "reads a book"],
+         "is cutting an onion": ["is slicing an onion", "chops an onion"], "is swimming": ["is taking a swim", "swims"],
+         "is driving a car": ["is behind the wheel", "drives a car"], "is painting a wall": ["is coating a wall with paint", "paints a wall"],
+         "is sleeping": ["is asleep", "is taking a nap"], "is running": ["is jogging", "is sprinting"], "is dancing": ["is moving to music", "dances"],
+         "is cooking pasta": ["is boiling noodles", "makes spaghetti"], "is talking on a phone": ["is making a call", "is on the telephone"],
+         "is climbing a tree": ["is going up a tree", "climbs a tree"], "is washing dishes": ["is cleaning the plates", "does the dishes"],
+         "is writing a letter": ["is penning a note", "writes a letter"], "is kicking a ball": ["is booting a football", "kicks a ball"],
+         "is singing": ["is performing a song", "sings"]}
+_WHERE = {"in the park": ["at the park", "in a public garden"], "on the beach": ["by the sea", "on the shore"],
+          "in the kitchen": ["in a kitchen", "by the stove"], "on the street": ["in the road", "on a city street"],
+          "at home": ["in the house", "indoors"], "in a field": ["on a meadow", "in the countryside"],
+          "on a stage": ["in front of an audience", "at a concert"], "in the snow": ["on snowy ground", "in a winter landscape"],
+          "at school": ["in a classroom", "at the school"], "in the rain": ["under the rain", "in wet weather"]}
+_SLOTS = (("who", _WHO, 1.5), ("act", _ACTS, 2.5), ("where", _WHERE, 1.0))   # slot, phrases -> synonym phrases, weight
+_CHANGE, _REPHRASE = 0.4, 0.35   # per slot: P(another phrase), P(a synonym phrase); else verbatim
 
-def _sentence(s: dict) -> str:
-    return f"{s['who'][0].upper()}{s['who'][1:]} {s['act']} {s['obj']} {s['where']}."
+def _sentence(who: str, act: str, where: str) -> str:
+    return f"{who[0].upper()}{who[1:]} {act} {where}."
 
 def builtin_sts(n: int = 400, seed: int = 0) -> STSData:
-    "n generated sentence pairs scored 0-5 by the weighted share of slots (who, action, object, place) they share."
+    "n generated sentence pairs: per slot (who, action, place) the second keeps the first's phrase, rephrases it or changes it; score 5 minus the weights of the changed slots."
     rng = random.Random(seed)
     s1, s2, score = [], [], []
     for _ in range(n):
-        act = rng.choice(list(_ACTS))
-        a = dict(who=rng.choice(_WHO), act=act, obj=rng.choice(_ACTS[act]), where=rng.choice(_WHERE))
-        b = dict(a)
-        for slot in rng.sample(list(_WEIGHTS), rng.randint(0, 4)):   # change 0..4 slots
-            if slot == "act":
-                b["act"] = rng.choice([x for x in _ACTS if x != a["act"]])
-                b["obj"] = rng.choice(_ACTS[b["act"]])
-            elif slot == "obj":
-                b["obj"] = rng.choice([o for o in _ACTS[b["act"]] if o != a["obj"]] or _ACTS[b["act"]])
+        first = {slot: rng.choice(list(table)) for slot, table, _ in _SLOTS}
+        second, lost = {}, 0.0
+        for slot, table, weight in _SLOTS:
+            r = rng.random()
+            if r < _CHANGE:
+                second[slot] = rng.choice([x for x in table if x != first[slot]])
+                lost += weight
+            elif r < _CHANGE + _REPHRASE:
+                second[slot] = rng.choice(table[first[slot]])
             else:
-                pool = {"who": _WHO, "where": _WHERE}[slot]
-                b[slot] = rng.choice([x for x in pool if x != a[slot]])
-        shared = sum(w for k, w in _WEIGHTS.items() if a[k] == b[k])
-        s1.append(_sentence(a)); s2.append(_sentence(b)); score.append(5.0 * shared / sum(_WEIGHTS.values()))
+                second[slot] = first[slot]
+        s1.append(_sentence(**first)); s2.append(_sentence(**second)); score.append(5.0 - lost)
     return STSData(s1, s2, np.asarray(score))
 
 # %% ../nbs/02_data.ipynb #02c025
-_INTENTS = {
-    "travel": {"book_flight": ["book a flight to {city}", "i need a plane ticket to {city}", "find me flights to {city} {when}"],
-               "hotel": ["reserve a hotel room in {city}", "find a place to stay in {city} {when}", "book a hotel near {city} center"],
-               "car_rental": ["rent a car in {city}", "i need a rental car {when}", "reserve a car at the {city} airport"]},
-    "banking": {"balance": ["what is my account balance", "how much money is in my {account} account", "show my {account} balance"],
-                "transfer": ["send {amount} to my {account} account", "transfer {amount} to {person}", "move {amount} from {account} to savings"],
-                "lost_card": ["i lost my card", "my card was stolen {when}", "block my card, it is missing"]},
-    "kitchen": {"recipe": ["how do i make {dish}", "give me a recipe for {dish}", "what do i need to cook {dish}"],
-                "timer": ["set a timer for {minutes} minutes", "start a {minutes} minute timer", "remind me in {minutes} minutes to check the oven"],
-                "calories": ["how many calories are in {dish}", "is {dish} healthy", "calories in a portion of {dish}"]},
-    "home": {"lights": ["turn off the lights in the {room}", "dim the {room} lights", "switch on the {room} light"],
-             "thermostat": ["set the heating to {degrees} degrees", "make the {room} warmer", "what is the temperature in the {room}"],
-             "shopping_list": ["add {item} to my shopping list", "put {item} on the list", "remove {item} from my shopping list"]},
-    "small_talk": {"greeting": ["hello there", "good morning {person}", "hi, how are you {when}"],
-                   "joke": ["tell me a joke", "say something funny about {item}", "do you know any jokes about {dish}"],
-                   "thanks": ["thank you so much", "thanks for the help {when}", "i appreciate it {person}"]},
+_INTENTS = {   # intent -> (training phrasings, test phrasings with other words)
+    "travel": {
+        "book_flight": (["book a flight to {city}", "i need a plane ticket to {city}", "find me flights to {city} {when}"],
+                        ["get me on the next plane heading to {city}", "reserve a seat flying into {city} {when}", "what airlines go to {city}"]),
+        "hotel": (["reserve a hotel room in {city}", "find a place to stay in {city} {when}", "book a hotel near {city} center"],
+                  ["i need somewhere to sleep in {city} {when}", "any rooms free for two nights in {city}", "look for lodging close to downtown {city}"]),
+        "car_rental": (["rent a car in {city}", "i need a rental car {when}", "reserve a car at the {city} airport"],
+                       ["i want to hire a vehicle to drive around {city}", "can i pick up an automobile {when}", "get me wheels to use while in {city}"])},
+    "banking": {
+        "balance": (["what is my account balance", "how much money is in my {account} account", "show my {account} balance"],
+                    ["do i have enough funds left", "tell me what remains in {account}", "how rich am i right now"]),
+        "transfer": (["send {amount} to my {account} account", "transfer {amount} to {person}", "move {amount} from {account} to savings"],
+                     ["pay {person} back {amount}", "wire {amount} over to {person}", "shift some cash between my accounts"]),
+        "lost_card": (["i lost my card", "my card was stolen {when}", "block my card, it is missing"],
+                      ["someone took my wallet with the visa in it", "i cannot find my credit card anywhere", "freeze my debit card please"])},
+    "kitchen": {
+        "recipe": (["how do i make {dish}", "give me a recipe for {dish}", "what do i need to cook {dish}"],
+                   ["walk me through preparing {dish}", "which ingredients go into {dish}", "teach me to bake {dish}"]),
+        "timer": (["set a timer for {minutes} minutes", "start a {minutes} minute timer", "remind me in {minutes} minutes to check the oven"],
+                  ["count down {minutes} minutes for me", "alert me after {minutes} minutes", "beep when {minutes} minutes have passed"]),
+        "calories": (["how many calories are in {dish}", "is {dish} healthy", "calories in a portion of {dish}"],
+                     ["will {dish} make me gain weight", "what is the energy content of {dish}", "how fattening is {dish}"])},
+    "home": {
+        "lights": (["turn off the lights in the {room}", "dim the {room} lights", "switch on the {room} light"],
+                   ["it is too dark in the {room}", "make the {room} brighter", "kill the lamps in the {room}"]),
+        "thermostat": (["set the heating to {degrees} degrees", "make the {room} warmer", "what is the temperature in the {room}"],
+                       ["i am freezing in the {room}", "cool the house down to {degrees}", "is the heat on right now"]),
+        "shopping_list": (["add {item} to my shopping list", "put {item} on the list", "remove {item} from my shopping list"],
+                          ["we are out of {item}, note it down", "remember to buy {item} at the store", "i need to pick up {item} later"])},
+    "small_talk": {
+        "greeting": (["hello there", "good morning {person}", "hi, how are you {when}"],
+                     ["hey what is up", "nice to see you again {person}", "howdy friend"]),
+        "joke": (["tell me a joke", "say something funny about {item}", "do you know any jokes about {dish}"],
+                 ["make me laugh", "i could use a good pun", "cheer me up with something hilarious"]),
+        "thanks": (["thank you so much", "thanks for the help {when}", "i appreciate it {person}"],
+                   ["that was really kind of you", "much obliged", "cheers, you saved my day"])},
 }
 _FILL = dict(city=["paris", "tokyo", "new york", "berlin", "cairo", "lima"], when=["tomorrow", "next week", "tonight", "on friday"],
              account=["checking", "savings", "joint", "business"], amount=["50 dollars", "200 euros", "a hundred pounds"],
@@ -357,14 +389,16 @@ _FILL = dict(city=["paris", "tokyo", "new york", "berlin", "cairo", "lima"], whe
              minutes=["5", "10", "25", "40"], room=["kitchen", "bedroom", "living room", "hallway"],
              degrees=["19", "21", "23"], item=["milk", "eggs", "coffee", "bananas"])
 
-def builtin_intents(per_intent: int = 20, seed: int = 0) -> HierarchyData:
-    "Generated user requests, `per_intent` per intent, labelled domain (5) -> intent (15)."
+def builtin_intents(per_intent: int = 20, seed: int = 0, split: str = "test") -> HierarchyData:
+    "Generated user requests, `per_intent` per intent, labelled domain (5) -> intent (15); split 'train' or 'test' picks the phrasings (the test's share few words with the training's)."
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     rng = random.Random(seed)
     text, dom, intent = [], [], []
     for d, intents in _INTENTS.items():
-        for it, templates in intents.items():
+        for it, (train, test) in intents.items():
             for _ in range(per_intent):
-                t = rng.choice(templates)
+                t = rng.choice(train if split == "train" else test)
                 text.append(t.format(**{k: rng.choice(v) for k, v in _FILL.items()}))
                 dom.append(d); intent.append(it)
     return HierarchyData(text, {"domain": np.array(dom, dtype=object), "intent": np.array(intent, dtype=object)})
