@@ -7,11 +7,15 @@ import json
 import re
 from pathlib import Path
 
-from matryoshka_lab.report import fill_tables
-
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "nbs" / "index.ipynb"
 RESULTS = ROOT / "results"
+
+
+def fill_tables(text: str) -> str:
+    "text with its marked tables regenerated from results/ (imported here: .ci/run reads this file before it installs the library)."
+    from matryoshka_lab.report import fill_tables as fill
+    return fill(text, RESULTS)
 
 
 def render_index() -> str:
@@ -21,7 +25,7 @@ def render_index() -> str:
     for cell in cells:
         src = "".join(cell["source"]).strip()
         if cell["cell_type"] == "markdown":
-            parts.append(fill_tables(src, RESULTS))
+            parts.append(fill_tables(src))
         elif src and "#| hide" not in src:
             code = "\n".join(l for l in src.splitlines() if not l.startswith("#|")).strip()
             parts.append(f"```python\n{code}\n```")
@@ -34,8 +38,8 @@ def refresh_index_tables() -> int:
     changed = 0
     for cell in nb["cells"]:
         src = "".join(cell["source"])
-        if cell["cell_type"] == "markdown" and fill_tables(src, RESULTS) != src:
-            cell["source"] = fill_tables(src, RESULTS).splitlines(keepends=True)
+        if cell["cell_type"] == "markdown" and fill_tables(src) != src:
+            cell["source"] = fill_tables(src).splitlines(keepends=True)
             changed += 1
     if changed:
         INDEX.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -57,7 +61,7 @@ def test_readme_is_rendered_index():
 def test_index_tables_are_the_result_files():
     cells = json.loads(INDEX.read_text(encoding="utf-8"))["cells"]
     stale = [cell.get("id") for cell in cells if cell["cell_type"] == "markdown"
-             and fill_tables("".join(cell["source"]), RESULTS) != "".join(cell["source"])]
+             and fill_tables("".join(cell["source"])) != "".join(cell["source"])]
     assert stale == [], f"the marked tables of nbs/index.ipynb cells {stale} differ from results/: run `python tests/test_readme.py`"
 
 
