@@ -167,11 +167,10 @@ def fractal_table(results="results", dataset: str = "clinc150") -> str:
         raise ValueError(f"no result files of {dataset!r} under {str(Path(results) / 'fractal' / dataset)!r}: "
                          f"run experiments/fractal_protocols.py main --dataset {dataset}")
     paper = PAPER_S.get(dataset)
-    if paper:
-        rows["paper (BGE-small; ablations from Table 4)"] = {
-            name: (_s_cell({"S": [paper[c][0]]}) + f" ± {paper[c][1]:.3f}" if c in ("v5", "mrl")
-                   else _s_cell({"S": [paper["table4"][c][0]]}) if c in paper["table4"] else "")
-            for c, name in FRACTAL_CONDITIONS.items()}
+    if paper:   # Table 3's mean ± SD for V5 and MRL, Table 4's mean for the ablations
+        cell = lambda c: (f"{paper[c][0]:+.3f} ± {paper[c][1]:.3f}" if c in ("v5", "mrl")
+                          else f"{paper['table4'][c][0]:+.3f}" if c in paper["table4"] else "")
+        rows["paper (BGE-small; ablations from Table 4)"] = {name: cell(c) for c, name in FRACTAL_CONDITIONS.items()}
     return md_table(pd.DataFrame(rows).T.rename_axis(""))
 
 def fractal_toggles_table(results="results", dataset: str = "clinc150", seeds: str = "42,123,456") -> str:
