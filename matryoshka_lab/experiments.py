@@ -23,30 +23,33 @@ from .methods import get_method
 from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_config
 
 # %% auto #0
-__all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'VARIANTS', 'MIPIC_SWEEP', 'EVERY_METHOD', 'SETTINGS', 'EVAL_TASKS',
-           'TASK_METRIC', 'baseline_config', 'run_one', 'run_baselines', 'git_commit', 'save_results', 'read_results',
-           'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test', 'paired_table', 'task_term',
-           'task_share', 'plot_baselines', 'plot_by_dim']
+__all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP', 'EVERY_METHOD',
+           'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one', 'run_baselines', 'git_commit',
+           'save_results', 'read_results', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test',
+           'paired_table', 'task_term', 'task_share', 'plot_baselines', 'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
 BASELINES = ("untrained", "base", "mrl", "2dmse", "ese")
 PAPER_MIPIC = {"detach_att_teacher": False}   # Eq. 4 fixes only h_CLS (11_mipic); explicit, so runs of the earlier default are not read back
+MIPIC_LOSS_LR = 1e-2   # P_i and phi_i at their own lr: at the encoder's they barely move and MIPIC collapses (issue 15, below)
+MIPIC_ABLATIONS = {"no_sia": {"use_sia": False}, "no_pic": {"use_pic": False},   # mipic.txt Table 3
+                   "equal_dims": {"progressive_dims": False}, "full_tokens": {"topk": False},   # Tables 4 and 8
+                   "no_att": {"use_att": False}, "att_tau1": {"att_tau": 1.0}}   # Table 9; a soft attention teacher (issue 15)
 VARIANTS = {   # name -> what it trains with; the papers' ablations are variants of their method
     "untrained": {"method": "base"}, "base": {"method": "base"}, "mrl": {"method": "mrl"},
     "2dmse": {"method": "2dmse", "loss_options": {"alignment": "features"}},          # Eq. 6 as the authors' code (06_losses)
     "2dmse_similarity": {"method": "2dmse", "loss_options": {"alignment": "similarity"}},   # our earlier in-batch reading
     "ese": {"method": "ese", "loss_options": {"kl_temperature": 1.0, "compression_size": 128}},
-    "mipic": {"method": "mipic", "loss_options": {**PAPER_MIPIC}},
-    "mipic_detached_teacher": {"method": "mipic", "loss_options": {"detach_att_teacher": True}},   # our earlier default
-    "mipic_no_sia": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "use_sia": False}},          # mipic.txt Table 3
-    "mipic_no_pic": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "use_pic": False}},          # Table 3
-    "mipic_equal_dims": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "progressive_dims": False}},   # Table 4
-    "mipic_full_tokens": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "topk": False}},        # Table 8
-    "mipic_no_att": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "use_att": False}},          # Table 9
-    "mipic_att_tau1": {"method": "mipic", "loss_options": {**PAPER_MIPIC, "att_tau": 1.0}},          # a soft attention teacher (issue 15)
-    "mipic_loss_lr1e-3": {"method": "mipic", "loss_options": {**PAPER_MIPIC}, "loss_lr": 1e-3},    # P_i, phi_i at their own lr (issue 15)
-    "mipic_loss_lr1e-2": {"method": "mipic", "loss_options": {**PAPER_MIPIC}, "loss_lr": 1e-2},
+    "mipic": {"method": "mipic", "loss_options": {**PAPER_MIPIC}, "loss_lr": MIPIC_LOSS_LR},
+    **{f"mipic_{name}": {"method": "mipic", "loss_options": {**PAPER_MIPIC, **opts}, "loss_lr": MIPIC_LOSS_LR}
+       for name, opts in MIPIC_ABLATIONS.items()},
+    "mipic_loss_lr1e-3": {"method": "mipic", "loss_options": {**PAPER_MIPIC}, "loss_lr": 1e-3},
+    # P_i and phi_i at the encoder's lr (loss_lr None), as before issue 15, and what collapsed MIPIC there
+    "mipic_encoder_lr": {"method": "mipic", "loss_options": {**PAPER_MIPIC}},
+    **{f"mipic_encoder_lr_{name}": {"method": "mipic", "loss_options": {**PAPER_MIPIC, **MIPIC_ABLATIONS[name]}}
+       for name in ("no_sia", "no_pic", "no_att", "att_tau1")},
+    "mipic_detached_teacher": {"method": "mipic", "loss_options": {"detach_att_teacher": True}},   # our earlier default (also encoder lr)
     "mic": {"method": "mic"},
     "mic_scr_only": {"method": "mic", "loss_options": {"use_sir": False}},            # mic.txt Table 5
     "mic_sir_only": {"method": "mic", "loss_options": {"use_scr": False}},            # Table 5
@@ -56,7 +59,8 @@ VARIANTS = {   # name -> what it trains with; the papers' ablations are variants
 # the mipic setting's sweep (nbs/13): MRL, MIPIC, MIC and the ablation of the term that dominates each one's gradient
 MIPIC_SWEEP = ("untrained", "mrl", "mipic", "mipic_no_pic", "mic", "mic_scr_only")
 # every method with its defaults and its earlier variant, in the regime where the task term leads (angle, below)
-EVERY_METHOD = ("untrained", "base", "mrl", "2dmse", "2dmse_similarity", "ese", "mipic", "mipic_detached_teacher", "mic")
+EVERY_METHOD = ("untrained", "base", "mrl", "2dmse", "2dmse_similarity", "ese", "mipic", "mipic_encoder_lr", "mipic_detached_teacher",
+                "mic")
 SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 200 steps x 32, lr 3e-5, 32 tokens
             # AnglE as its authors train it (06_losses: CoSENT + in-batch negatives + angle term) on the scored STS-B pairs
             "angle": {"objective": "angle", "train_task": "stsb", "max_length": 48, "lr": 5e-5},
@@ -120,10 +124,11 @@ def run_baselines(out: str | Path, setting: str = "angle", seeds=(0, 1, 2), meth
 
 # %% ../nbs/10_baselines.ipynb #10c010d
 def git_commit(cwd: str | Path | None = None) -> str | None:
-    "The checked-out commit of the repository at cwd (with '+dirty' when tracked files differ from it), or None outside git."
+    "The checked-out commit of the repository at cwd (with '+dirty' when tracked files other than results/ differ from it), or None outside git."
     try:
         run = lambda *args: subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-        return run("rev-parse", "--short", "HEAD") + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
+        dirty = run("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")   # not the result files sweeps write
+        return run("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 

@@ -29,11 +29,13 @@ def md_table(df: pd.DataFrame) -> str:
 
 LABELS = {"untrained": "untrained", "base": "base (no Matryoshka)", "mrl": "MRL", "2dmse": "2DMSE",
           "2dmse_similarity": "2DMSE, `alignment: similarity`", "ese": "ESE", "mipic": "MIPIC",
-          "mipic_detached_teacher": "MIPIC, `a_D` detached", "mipic_no_sia": "MIPIC without SIA",
-          "mipic_no_pic": "MIPIC without PIC", "mipic_no_att": "MIPIC without attention alignment",
-          "mipic_att_tau1": "MIPIC, `att_tau: 1`", "mipic_loss_lr1e-3": "MIPIC, `loss_lr: 1e-3`",
-          "mipic_loss_lr1e-2": "MIPIC, `loss_lr: 1e-2`", "mic": "MIC",
+          "mipic_detached_teacher": "MIPIC, `a_D` detached, encoder's lr", "mipic_loss_lr1e-3": "MIPIC, `loss_lr: 1e-3`",
+          "mipic_encoder_lr": "MIPIC, P_i / phi_i at the encoder's lr", "mic": "MIC",
           "mic_scr_only": "MIC without SIR (SCR only)", "mic_sir_only": "MIC without SCR (SIR only)"}
+_MIPIC_ABLATED = {"no_sia": "without SIA", "no_pic": "without PIC", "no_att": "without attention alignment",
+                  "att_tau1": "`att_tau: 1`", "equal_dims": "equal PIC dims", "full_tokens": "every token"}
+LABELS.update({f"mipic_{k}": f"MIPIC, {v}" for k, v in _MIPIC_ABLATED.items()})
+LABELS.update({f"mipic_encoder_lr_{k}": f"MIPIC at the encoder's lr, {v}" for k, v in _MIPIC_ABLATED.items()})
 
 def _cells(cells) -> list[tuple[str, int, int]]:
     "'L6d384,L3d16' (or a list of such names) -> [(name, layer, dim)]."

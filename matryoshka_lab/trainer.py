@@ -54,7 +54,7 @@ class TrainConfig:
     batch_size: int = 32
     grad_accum: int = 1                       # micro-batches per optimizer step
     lr: float = 3e-5
-    loss_lr: float | None = None              # lr of a loss's own parameters (MIPIC's P_i, phi_i; distill_nc's projections); None: lr
+    loss_lr: float | None = None              # lr of a loss's own parameters (MIPIC's P_i, phi_i; distill_nc's projections); None: lr (configs/mipic.yaml: 1e-2, 10_baselines)
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1                 # share of max_steps with a linear warm-up
     schedule: str = "linear"                  # linear, cosine or constant after warm-up
@@ -499,7 +499,7 @@ Trainer.train_step = _train_step
 
 # %% ../nbs/08_trainer.ipynb #08c023
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device")   # what may differ when a run is resumed
+                     "eval_layers", "eval_dims", "diagnostics_every", "device", "run_dir")   # what may differ when a run is resumed (or moved)
 
 def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
     "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."
