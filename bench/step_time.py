@@ -34,7 +34,7 @@ import torch
 
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
-from matryoshka_lab.experiments import git_commit
+from matryoshka_lab.core import git_commit
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC

@@ -6,13 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .core import DATA_ENV, hub_reachable, resolve_data_dir
+from .core import DATA_ENV, hub_reachable, provenance, resolve_data_dir
 
 # %% auto #0
 __all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'main']
@@ -56,7 +57,7 @@ def _print_reference(df, out=sys.stdout) -> None:
 
 def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str = "embedded", batch_size: int = 64,
              progress: bool = True) -> Path:
-    "Evaluate `model` at every (layer, dim) on the demo tasks; write grid.csv/.html/.png under out_dir."
+    "Evaluate `model` at every (layer, dim) on the demo tasks; write grid.csv/.html/.png and meta.json (what wrote them) under out_dir."
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
     from matryoshka_lab.plots import save_heatmaps
@@ -70,13 +71,17 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "grid.csv", index=False)
     files = save_heatmaps(df, out / "grid")
+    command = " ".join(["matryoshka-lab demo", *([f"--model {model}"] if model != "embedded" else []), f"--out {out_dir}"])
+    meta = {**provenance(command), "model": model, "tasks": tasks, "data": "a data directory" if tasks == DEMO_TASKS else where,
+            "n_texts": df.attrs["n_texts"]}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     _print_tables(df)
     if model == "embedded":
         _print_reference(df)
     print(f"\n{df.attrs['n_texts']} distinct texts encoded once at {enc.num_layers + 1} hidden states in "
           f"{df.attrs['encode_seconds']:.0f}s ({df.attrs['n_texts'] / df.attrs['encode_seconds']:.0f} texts/s); "
           f"all cells scored in {df.attrs['score_seconds']:.1f}s; total {time.perf_counter() - t0:.0f}s.")
-    print(f"Wrote {out / 'grid.csv'}, {files[0]}, {files[1]}")
+    print(f"Wrote {out / 'grid.csv'}, {files[0]}, {files[1]}, {out / 'meta.json'}")
     return out
 
 # %% ../nbs/05_cli.ipynb #05c009

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['DATA_ENV', 'resolve_device', 'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'parse_layers',
-           'parse_dims']
+__all__ = ['DATA_ENV', 'resolve_device', 'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit',
+           'provenance', 'parse_layers', 'parse_dims']
 
 # %% ../nbs/00_core.ipynb #00c006
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -60,6 +62,25 @@ def hub_reachable(timeout: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+# %% ../nbs/00_core.ipynb #00c013b
+def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    "The checked-out commit of the repository at cwd (default: the library's own folder), '+dirty' when tracked files other than results/ differ from it; None outside git."
+    if cwd is None:
+        import matryoshka_lab
+        cwd = Path(matryoshka_lab.__file__).parent
+    try:
+        run = lambda *args: subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = run("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")   # not the result files sweeps write
+        return run("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+def provenance(command: str) -> dict:
+    "What writes a result file: the `command` that reproduces it, the library version, the commit and the UTC time."
+    from matryoshka_lab import __version__
+    return {"command": command, "library_version": __version__, "commit": git_commit(),
+            "written": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 # %% ../nbs/00_core.ipynb #00c015
 def _int_list(spec, what: str) -> list[int] | None:

@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__
+from .core import provenance
 from .data import task_spec
 from .eval import evaluate
 from .methods import get_method
@@ -24,9 +22,9 @@ from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_co
 
 # %% auto #0
 __all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP', 'EVERY_METHOD',
-           'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one', 'run_baselines', 'git_commit',
-           'save_results', 'read_results', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test',
-           'paired_table', 'task_term', 'task_share', 'plot_baselines', 'plot_by_dim']
+           'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one', 'run_baselines', 'save_results',
+           'read_results', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test', 'paired_table',
+           'task_term', 'task_share', 'plot_baselines', 'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -123,18 +121,9 @@ def run_baselines(out: str | Path, setting: str = "angle", seeds=(0, 1, 2), meth
     return pd.concat(frames, ignore_index=True)
 
 # %% ../nbs/10_baselines.ipynb #10c010d
-def git_commit(cwd: str | Path | None = None) -> str | None:
-    "The checked-out commit of the repository at cwd (with '+dirty' when tracked files other than results/ differ from it), or None outside git."
-    try:
-        run = lambda *args: subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = run("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")   # not the result files sweeps write
-        return run("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
 def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, command: str, max_steps: int) -> Path:
     "Merge a sweep's tidy summary into FOLDER/summary.csv (its runs' rows replace theirs) and record what made them in FOLDER/meta.json."
-    folder, commit = Path(folder), git_commit()          # the commit before this writes: not '+dirty' from its own files
+    folder, written = Path(folder), provenance(command)   # the commit before this writes (git_commit ignores results/)
     folder.mkdir(parents=True, exist_ok=True)
     old, meta = (read_results(folder) if (folder / "summary.csv").is_file()
                  else (None, {"setting": setting, "methods": {}, "runs": {}}))
@@ -150,10 +139,8 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
     merged.to_csv(folder / "summary.csv", index=False)
     meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()
                       if k not in ("method", "loss_options", "seed", "run_dir")}
-    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for m, seed in sorted(runs):
-        meta["runs"][f"{m}_seed{seed}"] = {"command": command, "library_version": __version__, "commit": commit,
-                                           "written": when}
+        meta["runs"][f"{m}_seed{seed}"] = written
     for m in dict.fromkeys(merged.method):
         meta["methods"][m] = {"variant": VARIANTS[m], "max_steps": meta["methods"].get(m, {}).get("max_steps", max_steps),
                               "seeds": sorted({int(s) for s in merged[merged.method == m].seed})}

@@ -17,8 +17,8 @@ from .fractal import PAPER_S
 
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'TABLES',
-           'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table', 'fractal_table',
-           'fractal_toggles_table', 'render_table', 'fill_tables']
+           'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table',
+           'fractal_table', 'fractal_toggles_table', 'render_table', 'fill_tables']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -125,6 +125,24 @@ def step_time_table(results="results") -> str:
                     "met": "yes" if result[key] <= goal else "no"} for key, (label, goal) in STEP_TIME_GOALS.items()}
     return md_table(pd.DataFrame(rows).T.rename_axis("ratio of median step times"))
 
+# %% ../nbs/21_report.ipynb #21c014f
+def demo_table(results="results", task: str = "stsb", metric: str = "spearman", layers: str | None = None) -> str:
+    "`task`'s `metric` (x100 as the grid stores it) by hidden state (rows; `layers` a comma list, default all) and prefix dim, from results/demo/grid.csv."
+    path = Path(results) / "demo" / "grid.csv"
+    if not path.is_file():
+        raise ValueError(f"no result file {str(path)!r}: run `matryoshka-lab demo --out {str(path.parent)!r}`")
+    grid = pd.read_csv(path)
+    sel = grid[(grid.task == task) & (grid.metric == metric)]
+    if sel.empty:
+        have = sorted(set(zip(grid.task, grid.metric)))
+        raise ValueError(f"{str(path)!r} has no {task} {metric}; it has {', '.join(f'{t} {m}' for t, m in have)}")
+    table = sel.pivot(index="layer", columns="dim", values="value")
+    if layers is not None:
+        table = table.loc[[int(l) for l in str(layers).split(",")]]
+    last = int(sel.layer.max())
+    table.index = [f"{l} (embeddings)" if l == 0 else f"{l} (last)" if l == last else str(l) for l in table.index]
+    return md_table(table.map(lambda v: f"{v:.2f}").rename_axis("layer \\ d"))
+
 # %% ../nbs/21_report.ipynb #21c014c
 FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
 FRACTAL_ROWS = (("ours, `authors`", ("authors", "authors_inverted", "authors_no_prefix", "authors_uhmt")),
@@ -190,7 +208,7 @@ def fractal_toggles_table(results="results", dataset: str = "clinc150", seeds: s
 
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
-          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table}
+          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table, "demo": demo_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:

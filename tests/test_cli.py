@@ -68,6 +68,10 @@ def test_demo_falls_back_to_builtin_corpus(tmp_path):
     assert "builtin_sts: spearman" in res.stdout
     for name in ("grid.csv", "grid.html", "grid.png"):
         assert (tmp_path / "demo" / name).stat().st_size > 0
+    meta = json.loads((tmp_path / "demo" / "meta.json").read_text())
+    assert meta["command"] == f"matryoshka-lab demo --out {tmp_path / 'demo'}"
+    assert meta["tasks"] == ["builtin_sts", "builtin_intents"] and meta["data"].startswith("the built-in generated corpus")
+    assert meta["n_texts"] > 0 and meta["library_version"]
 
 
 def test_eval_without_tasks_or_run_dir_says_what_it_needs(tmp_path):
