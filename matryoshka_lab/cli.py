@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .core import DATA_ENV, hub_reachable, provenance, resolve_data_dir
+from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
 __all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'main']
@@ -56,7 +56,7 @@ def _print_reference(df, out=sys.stdout) -> None:
         print("\n".join(lines), file=out)
 
 def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str = "embedded", batch_size: int = 64,
-             progress: bool = True) -> Path:
+             progress: bool = True, precision: str | None = None) -> Path:
     "Evaluate `model` at every (layer, dim) on the demo tasks; write grid.csv/.html/.png and meta.json (what wrote them) under out_dir."
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
@@ -64,15 +64,17 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     tasks, where = demo_tasks(data_dir)
     print(f"matryoshka-lab demo: model {model!r}; tasks {', '.join(tasks)} from {where}.")
     t0 = time.perf_counter()
-    enc = Encoder.from_pretrained(model)
+    enc = Encoder.from_pretrained(model, precision=precision)
     df = evaluate(enc, tasks, layers="all", dims="16,32,64,128,256,384" if enc.hidden_size == 384 else "all",
                   data_dir=data_dir, batch_size=batch_size, progress=progress)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "grid.csv", index=False)
     files = save_heatmaps(df, out / "grid")
-    command = " ".join(["matryoshka-lab demo", *([f"--model {model}"] if model != "embedded" else []), f"--out {out_dir}"])
-    meta = {**provenance(command), "model": model, "tasks": tasks, "data": "a data directory" if tasks == DEMO_TASKS else where,
+    command = " ".join(["matryoshka-lab demo", *([f"--model {model}"] if model != "embedded" else []),
+                        *([f"--precision {precision}"] if precision else []), f"--out {out_dir}"])
+    meta = {**provenance(command), "model": model, "precision": resolve_precision(precision, enc.device), "tasks": tasks,
+            "data": "a data directory" if tasks == DEMO_TASKS else where,
             "n_texts": df.attrs["n_texts"]}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     _print_tables(df)
@@ -92,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     d.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     d.add_argument("--model", default="embedded", help="model (default: embedded)")
+    d.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="forward pass: fp32 (default on CPU), bf16, or auto (bf16 where the CPU has it natively)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = sub.add_parser("eval", help="evaluate a model at every (layer, dim) cell; write a tidy CSV")
     e.add_argument("run_dir", nargs="?", default=None, help="a run directory: its model, eval tasks and dims")
@@ -106,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pooling", default=None, choices=["mean", "cls", "last"], help="default: the model's own")
     e.add_argument("--max-length", type=int, default=None, help="max tokens (default: the model's own)")
     e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="forward pass: fp32 (default on CPU), bf16, or auto (bf16 where the CPU has it natively)")
     e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     t = sub.add_parser("train", help="train from a YAML config (configs/*.yaml); resumes a run directory's checkpoint")
@@ -200,7 +206,7 @@ def _eval(args) -> None:
     from matryoshka_lab.eval import evaluate
     _eval_defaults(args)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length)
+    enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     df = evaluate(enc, tasks, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress)
     out = Path(args.out)
@@ -255,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     try:
         if args.command == "demo":
-            run_demo(args.data_dir, args.out, args.model, progress=not args.no_progress)
+            run_demo(args.data_dir, args.out, args.model, progress=not args.no_progress, precision=args.precision)
         elif args.command == "eval":
             _eval(args)
         elif args.command == "train":

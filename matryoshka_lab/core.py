@@ -5,6 +5,9 @@
 # %% ../nbs/00_core.ipynb #00c003
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import os
 import random
 import subprocess
@@ -15,8 +18,8 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['DATA_ENV', 'resolve_device', 'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit',
-           'provenance', 'parse_layers', 'parse_dims']
+__all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'cpu_has_native_bf16', 'resolve_precision', 'autocast', 'seed_everything',
+           'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit', 'provenance', 'parse_layers', 'parse_dims']
 
 # %% ../nbs/00_core.ipynb #00c006
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -24,6 +27,45 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if device is not None:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+# %% ../nbs/00_core.ipynb #00c007b
+PRECISIONS = ("fp32", "bf16", "auto")
+_log = logging.getLogger("matryoshka_lab")
+
+def cpu_has_native_bf16() -> bool:
+    "True when this CPU has bfloat16 matmul instructions (AVX-512 BF16 or AMX tiles), as torch reports them."
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(bool(probe()) for probe in probes if probe is not None)
+
+def resolve_precision(precision: str | None, device: str | torch.device = "cpu", native: bool | None = None) -> str:
+    "'fp32', 'bf16' or 'amp' (CUDA autocast) for `precision` on `device`; `native`: the CPU's bf16 support (default: asked)."
+    if precision not in (None, *PRECISIONS):
+        raise ValueError(f"precision must be one of {PRECISIONS} (or None), got {precision!r}")
+    cuda = torch.device(device).type == "cuda"
+    if precision is None:
+        return "amp" if cuda else "fp32"
+    if precision != "auto":
+        return precision
+    if cuda:
+        return "amp"
+    if cpu_has_native_bf16() if native is None else native:
+        return "bf16"
+    _fp32_notice()
+    return "fp32"
+
+@functools.cache
+def _fp32_notice() -> None:
+    "Say once per process that 'auto' fell back to fp32."
+    _log.warning("matryoshka_lab: precision 'auto' uses fp32: this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
+
+def autocast(precision: str, device: str | torch.device = "cpu"):
+    "The context a forward pass runs in for a resolved precision ('fp32': none)."
+    device_type = torch.device(device).type
+    if precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    if precision == "amp":
+        return torch.autocast(device_type)
+    return contextlib.nullcontext()
 
 # %% ../nbs/00_core.ipynb #00c008
 def seed_everything(seed: int) -> None:

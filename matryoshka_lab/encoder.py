@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .core import hub_offline, parse_layers, resolve_device
+from .core import autocast, hub_offline, parse_layers, resolve_device, resolve_precision
 
 # %% auto #0
 __all__ = ['EMBEDDED', 'POOLINGS', 'WEIGHT_SUFFIXES', 'embedded_model_path', 'ModelNotAvailableError', 'resolve_model', 'load_hf',
@@ -142,13 +142,16 @@ class EncoderOutput:
 # %% ../nbs/01_encoder.ipynb #01c017
 class Encoder(nn.Module):
     "Any HF encoder + tokenizer; one forward gives pooled embeddings of every layer."
-    def __init__(self, model: nn.Module, tokenizer, pooling: str = "mean", max_length: int = 256):
+    def __init__(self, model: nn.Module, tokenizer, pooling: str = "mean", max_length: int = 256,
+                 precision: str | None = None):
         super().__init__()
+        resolve_precision(precision)                                        # an unknown precision fails here, not mid-encode
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if max_length < 1:
             raise ValueError(f"max_length must be at least 1, got {max_length}")
         self.model, self.tokenizer, self.pooling, self.max_length = model, tokenizer, pooling, int(max_length)
+        self.precision = precision       # encode's default: fp32 / bf16 / auto (None: fp32 on CPU, autocast on CUDA)
         if tokenizer.pad_token_id is None:  # decoder tokenizers often lack one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         self._accepted = set(inspect.signature(model.forward).parameters)
@@ -156,11 +159,11 @@ class Encoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name: str | Path = EMBEDDED, pooling: str | None = None, max_length: int | None = None,
                         device: str | torch.device | None = None, attn_implementation: str | None = None,
-                        **model_kwargs) -> "Encoder":
+                        precision: str | None = None, **model_kwargs) -> "Encoder":
         "Load `name` ('embedded', a folder, a run directory or a Hub id); defaults come from its sentence-transformers config."
         model, tok, default_pool, default_len = load_hf(name, attn_implementation, **model_kwargs)
         max_length = max_length or default_len or min(getattr(tok, "model_max_length", 512) or 512, 512)
-        enc = cls(model, tok, pooling or default_pool or "mean", max_length)
+        enc = cls(model, tok, pooling or default_pool or "mean", max_length, precision)
         return enc.to(resolve_device(device)).eval()
 
     @property
@@ -202,12 +205,13 @@ def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers
     if len(states) != self.num_layers + 1:
         raise RuntimeError(f"model returned {len(states)} hidden states, expected {self.num_layers + 1}")
     how = pooling or self.pooling
-    if tokens:
-        hidden = torch.stack([states[i] for i in layers])                    # [L', B, T, D]
-        pooled = pool(hidden, attention_mask, how)                          # [L', B, D]
-    else:  # pool layer by layer: no copy of the token states
-        hidden = None
-        pooled = torch.cat([pool(states[i][None], attention_mask, how) for i in layers])
+    with torch.autocast(input_ids.device.type, enabled=False):              # pooling sums in float32 under autocast too
+        if tokens:
+            hidden = torch.stack([states[i] for i in layers]).float()        # [L', B, T, D]
+            pooled = pool(hidden, attention_mask, how)                      # [L', B, D]
+        else:  # pool layer by layer: no copy of the token states (none at all in float32)
+            hidden = None
+            pooled = torch.cat([pool(states[i][None].float(), attention_mask, how) for i in layers])
     return EncoderOutput(pooled=pooled, layers=layers, attention_mask=attention_mask, hidden=hidden,
                          attentions=out.attentions if attentions else None)
 
@@ -241,8 +245,9 @@ Encoder.batches = _batches
 
 @torch.no_grad()
 def _encode(self, texts: list[str], batch_size: int = 64, max_length: int | None = None, layers="all",
-            pooling: str | None = None, progress: bool = True, desc: str = "encode") -> torch.Tensor:
-    "Pooled embeddings [L', N, D] (float32, CPU) of `texts` at hidden states `layers`, in input order."
+            pooling: str | None = None, progress: bool = True, desc: str = "encode",
+            precision: str | None = None) -> torch.Tensor:
+    "Pooled embeddings [L', N, D] (float32, CPU) of `texts` at hidden states `layers`, in input order; `precision` (default the encoder's) of the forward pass."
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings, not one string")
     texts = list(texts)
@@ -254,13 +259,12 @@ def _encode(self, texts: list[str], batch_size: int = 64, max_length: int | None
     was_training = self.training
     self.eval()
     out = torch.empty(len(layers), len(texts), self.hidden_size, dtype=torch.float32)
-    use_amp = self.device.type == "cuda"
+    precision = resolve_precision(precision or self.precision, self.device)      # once: 'auto' says what it chose once
     n_batches = -(-len(texts) // batch_size)
-    for idx, batch in tqdm(self.batches(texts, batch_size, max_length), total=n_batches, desc=desc,
-                           disable=not progress, unit="batch"):
-        with torch.autocast(self.device.type, enabled=use_amp):
-            res = self.forward(layers=layers, pooling=pooling, **batch)
-        out[:, idx] = res.pooled.float().cpu()
+    with autocast(precision, self.device):   # one context for all batches: autocast casts each weight once, not per batch
+        for idx, batch in tqdm(self.batches(texts, batch_size, max_length), total=n_batches, desc=desc,
+                               disable=not progress, unit="batch"):
+            out[:, idx] = self.forward(layers=layers, pooling=pooling, **batch).pooled.float().cpu()
     self.train(was_training)
     return out
 
@@ -305,7 +309,7 @@ def _truncated(self, n: int) -> "Encoder":
         small.config.num_hidden_layers = n
         if hasattr(small.config, "layer_types") and small.config.layer_types is not None:
             small.config.layer_types = small.config.layer_types[:n]
-    out = Encoder(small, self.tokenizer, self.pooling, self.max_length)
+    out = Encoder(small, self.tokenizer, self.pooling, self.max_length, self.precision)
     out._accepted = self._accepted   # same inputs as the full model (the fallback's forward takes **kwargs)
     return out
 

@@ -71,7 +71,7 @@ def test_demo_falls_back_to_builtin_corpus(tmp_path):
     meta = json.loads((tmp_path / "demo" / "meta.json").read_text())
     assert meta["command"] == f"matryoshka-lab demo --out {tmp_path / 'demo'}"
     assert meta["tasks"] == ["builtin_sts", "builtin_intents"] and meta["data"].startswith("the built-in generated corpus")
-    assert meta["n_texts"] > 0 and meta["library_version"]
+    assert meta["n_texts"] > 0 and meta["library_version"] and meta["precision"] == "fp32"
 
 
 def test_eval_without_tasks_or_run_dir_says_what_it_needs(tmp_path):
@@ -148,3 +148,17 @@ def test_train_method_errors(tmp_path, override, message):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_eval_in_bf16_is_close_to_fp32(tmp_path):
+    "--precision bf16 runs the forward pass in bfloat16: every cell within half a point of fp32's, and not identical."
+    common = ["--tasks", "builtin_sts", "--layers", "0,-1", "--dims", "16,384", "--no-progress"]
+    grids = {}
+    for precision in ("fp32", "bf16"):
+        res = run("eval", *common, "--precision", precision, "--out", str(tmp_path / f"{precision}.csv"))
+        assert res.returncode == 0, res.stderr[-3000:]
+        grids[precision] = pd.read_csv(tmp_path / f"{precision}.csv").set_index(["task", "layer", "dim", "metric"]).value
+    diff = (grids["bf16"] - grids["fp32"]).abs()
+    assert len(diff) == 4 and diff.max() < 0.5 and diff.max() > 0, diff
+    res = run("eval", *common, "--precision", "fp16", "--out", str(tmp_path / "x.csv"))
+    assert res.returncode == 2 and "invalid choice: 'fp16'" in res.stderr

@@ -1,0 +1,164 @@
+"""Encoding throughput against the machine's limit, measured side by side in one run.
+
+    python bench/encode.py [--data-dir DIR] [--n 3000] [--batch-size 64] [--rounds 3] [--out results/bench/encode.json]
+
+On the same texts (the first N distinct STS-B test and dev sentences) and batch size, interleaved round by round
+(the machine's speed drifts), median of --rounds:
+  ours_fp32   Encoder.encode, last hidden state, mean pooled, float32
+  ours_bf16   the same with precision bf16 (the forward pass under torch.autocast with bfloat16)
+  st_fp32     sentence-transformers' SentenceTransformer.encode of the same model folder, float32
+The roofline: the transformer's FLOPs for the texts, per layer and token 8 D^2 (the four attention projections)
++ 4 D I (the feed-forward, width I) + 4 T D (scores and weighted sum over T tokens), divided by the time, against
+the FLOP rate of matmuls of the same precision measured in the same run: a large square one (the cores' peak) and
+one of the model's own shape (a batch's tokens x D times D x I). "Useful" FLOPs count each text's own tokens;
+"executed" FLOPs count the padded batches our encoder runs. Where the rest of the time goes: tokenisation, and a
+torch.profiler breakdown of one pass by operator. Scores: STS-B test Spearman at every hidden state x prefix dim in
+both precisions (the largest difference). The last line is one JSON object; --out also writes it with what made it.
+"""
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from matryoshka_lab.core import cpu_has_native_bf16, provenance
+from matryoshka_lab.data import load_task
+from matryoshka_lab.encoder import Encoder, embedded_model_path
+from matryoshka_lab.eval import evaluate
+
+DIMS = "16,32,64,128,256,384"
+
+
+def flops(enc: Encoder, lengths: list[int], batch_size: int) -> tuple[float, float]:
+    "(useful, executed) FLOPs of the transformer layers for texts of these token lengths, batched longest first."
+    cfg = enc.model.config
+    D, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    per_token = 8 * D * D + 4 * D * I
+    useful = L * sum(n * per_token + 4 * n * n * D for n in lengths)
+    ordered = sorted(lengths, reverse=True)
+    executed = 0
+    for s in range(0, len(ordered), batch_size):
+        B, T = len(ordered[s:s + batch_size]), ordered[s]
+        executed += L * B * (T * per_token + 4 * T * T * D)
+    return float(useful), float(executed)
+
+
+def matmul_rate(m: int, k: int, n: int, dtype, repeats: int = 5) -> float:
+    "Best FLOP/s of an [m, k] @ [k, n] matmul in dtype over `repeats` timed calls (after a warm-up)."
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * m * k * n / best
+
+
+def profile_ops(enc: Encoder, texts: list[str], batch_size: int, precision: str, top: int = 6) -> list[tuple[str, float]]:
+    "Share of CPU time by operator over one encode pass of `texts` (the `top` largest)."
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        enc.encode(texts, batch_size=batch_size, layers="-1", progress=False, precision=precision)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda r: -r[1])
+    return [(k, round(v, 3)) for k, v in rows[:top]]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--n", type=int, default=3000, help="texts (distinct STS-B test and dev sentences)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None, help="also write the result with its provenance to this JSON file")
+    args = p.parse_args()
+
+    test, dev = load_task("stsb", args.data_dir), load_task("stsb_dev", args.data_dir)
+    pool = [s for t in (test, dev) for s in t.test.sentence1 + t.test.sentence2]
+    texts = list(dict.fromkeys(pool))[:args.n]
+    enc = Encoder.from_pretrained("embedded")
+    from sentence_transformers import SentenceTransformer
+    st = SentenceTransformer(str(embedded_model_path()), device="cpu")
+    st.max_seq_length = enc.max_length
+    lengths = [len(ids) for ids in enc.tokenizer(texts, truncation=True, max_length=enc.max_length)["input_ids"]]
+    useful, executed = flops(enc, lengths, args.batch_size)
+    print(f"{len(texts)} texts, {sum(lengths)} tokens (mean {sum(lengths) / len(texts):.1f}); batch {args.batch_size}; "
+          f"torch threads {torch.get_num_threads()}; native bf16: {cpu_has_native_bf16()}")
+
+    runs = {
+        "ours_fp32": lambda: enc.encode(texts, batch_size=args.batch_size, layers="-1", progress=False, precision="fp32"),
+        "ours_bf16": lambda: enc.encode(texts, batch_size=args.batch_size, layers="-1", progress=False, precision="bf16"),
+        "st_fp32": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False),
+    }
+    times = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(args.rounds):             # interleaved, the order rotating: a slow minute hits every setup
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - t0)
+        print(f"  round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f}s" for n in names))
+    med = {n: statistics.median(v) for n, v in times.items()}
+
+    t0 = time.perf_counter()
+    enc.tokenizer(texts, truncation=True, max_length=enc.max_length, padding=False)
+    tokenize_s = time.perf_counter() - t0
+
+    D, I = enc.hidden_size, enc.model.config.intermediate_size
+    tokens_per_batch = args.batch_size * round(sum(lengths) / len(lengths))
+    peak = {name: matmul_rate(2048, 2048, 2048, dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    shaped = {name: matmul_rate(tokens_per_batch, D, I, dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    rate = {prec: useful / med[f"ours_{prec}"] for prec in ("fp32", "bf16")}
+
+    ops = {prec: profile_ops(enc, texts[:512], args.batch_size, prec) for prec in ("fp32", "bf16")}
+
+    scores = {prec: evaluate(Encoder.from_pretrained("embedded", precision=prec), ["stsb"], layers="all", dims=DIMS,
+                             progress=False).set_index(["layer", "dim"]).value for prec in ("fp32", "bf16")}
+    diff = (scores["bf16"] - scores["fp32"]).abs()
+    worst = diff.idxmax()
+
+    result = {
+        "bf16_over_fp32_throughput": round(med["ours_fp32"] / med["ours_bf16"], 3),
+        "ours_over_st_throughput": round(med["st_fp32"] / med["ours_fp32"], 3),
+        "ours_bf16_over_st_throughput": round(med["st_fp32"] / med["ours_bf16"], 3),
+        "fraction_of_matmul_peak_fp32": round(rate["fp32"] / peak["fp32"], 3),
+        "fraction_of_matmul_peak_bf16": round(rate["bf16"] / peak["bf16"], 3),
+        "fraction_of_shaped_matmul_fp32": round(rate["fp32"] / shaped["fp32"], 3),
+        "fraction_of_shaped_matmul_bf16": round(rate["bf16"] / shaped["bf16"], 3),
+        "max_score_diff_bf16_vs_fp32": round(float(diff.max()), 3),
+        "max_score_diff_cell": f"stsb L{worst[0]} d{worst[1]}",
+        "texts_per_s": {n: round(len(texts) / v, 1) for n, v in med.items()},
+        "median_seconds": {n: round(v, 3) for n, v in med.items()},
+        "gflops_useful_per_s": {prec: round(v / 1e9, 1) for prec, v in rate.items()},
+        "gflops_matmul_peak": {prec: round(v / 1e9, 1) for prec, v in peak.items()},
+        "gflops_matmul_model_shape": {prec: round(v / 1e9, 1) for prec, v in shaped.items()},
+        "model_shape_matmul": [tokens_per_batch, D, I],
+        "padding_overhead": round(executed / useful - 1, 4),
+        "tokenize_share_fp32": round(tokenize_s / med["ours_fp32"], 3),
+        "top_ops": ops,
+        "n_texts": len(texts), "tokens": sum(lengths), "batch_size": args.batch_size, "rounds": args.rounds,
+        "threads": torch.get_num_threads(), "native_bf16": cpu_has_native_bf16(),
+    }
+    print(f"bf16 / fp32 throughput {result['bf16_over_fp32_throughput']}x (goal >= 1.4); ours / sentence-transformers "
+          f"{result['ours_over_st_throughput']}x (goal >= 1.5)")
+    for prec in ("fp32", "bf16"):
+        print(f"{prec}: {rate[prec] / 1e9:.1f} useful GFLOP/s = {result[f'fraction_of_matmul_peak_{prec}']:.0%} of a 2048^3 "
+              f"matmul ({peak[prec] / 1e9:.1f}), {result[f'fraction_of_shaped_matmul_{prec}']:.0%} of a {tokens_per_batch}x{D}x{I} one "
+              f"({shaped[prec] / 1e9:.1f}); largest ops " + ", ".join(f"{k} {v:.0%}" for k, v in ops[prec][:4]))
+    print(f"padding adds {result['padding_overhead']:.1%} FLOPs; tokenisation is {result['tokenize_share_fp32']:.1%} of the fp32 pass; "
+          f"largest STS-B score difference bf16 vs fp32 {result['max_score_diff_bf16_vs_fp32']} ({result['max_score_diff_cell']})")
+    print(json.dumps(result))
+    if args.out:
+        record = {**provenance("python bench/encode.py " + shlex.join(sys.argv[1:])), "result": result}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
