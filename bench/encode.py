@@ -1,12 +1,14 @@
 """Encoding throughput against the machine's limit, measured side by side in one run.
 
-    python bench/encode.py [--data-dir DIR] [--n 3000] [--batch-size 64] [--rounds 3] [--out results/bench/encode.json]
+    python bench/encode.py [--data-dir DIR] [--n 3000] [--batch-size 64] [--rounds 3] [--other-batch-sizes 16 256]
+                           [--out results/bench/encode.json]
 
 On the same texts (the first N distinct STS-B test and dev sentences) and batch size, interleaved round by round
 (the machine's speed drifts), median of --rounds:
   ours_fp32   Encoder.encode, last hidden state, mean pooled, float32
   ours_bf16   the same with precision bf16 (the forward pass under torch.autocast with bfloat16)
   st_fp32     sentence-transformers' SentenceTransformer.encode of the same model folder, float32
+Alternatives timed in the same rounds: eager attention instead of PyTorch's SDPA, and other batch sizes.
 The roofline: the transformer's FLOPs for the texts, per layer and token 8 D^2 (the four attention projections)
 + 4 D I (the feed-forward, width I) + 4 T D (scores and weighted sum over T tokens), divided by the time, against
 the FLOP rate of matmuls of the same precision measured in the same run: a large square one (the cores' peak) and
@@ -76,8 +78,10 @@ def main():
     p.add_argument("--n", type=int, default=3000, help="texts (distinct STS-B test and dev sentences)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--other-batch-sizes", type=int, nargs="*", default=[16, 256], help="also timed, as alternatives")
     p.add_argument("--out", default=None, help="also write the result with its provenance to this JSON file")
     args = p.parse_args()
+    made = provenance("python bench/encode.py " + shlex.join(sys.argv[1:]))    # the code that runs: its commit now
 
     test, dev = load_task("stsb", args.data_dir), load_task("stsb_dev", args.data_dir)
     pool = [s for t in (test, dev) for s in t.test.sentence1 + t.test.sentence2]
@@ -91,11 +95,14 @@ def main():
     print(f"{len(texts)} texts, {sum(lengths)} tokens (mean {sum(lengths) / len(texts):.1f}); batch {args.batch_size}; "
           f"torch threads {torch.get_num_threads()}; native bf16: {cpu_has_native_bf16()}")
 
-    runs = {
-        "ours_fp32": lambda: enc.encode(texts, batch_size=args.batch_size, layers="-1", progress=False, precision="fp32"),
-        "ours_bf16": lambda: enc.encode(texts, batch_size=args.batch_size, layers="-1", progress=False, precision="bf16"),
-        "st_fp32": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False),
-    }
+    eager = Encoder.from_pretrained("embedded", attn_implementation="eager")
+    ours = lambda e, prec, bs: (lambda: e.encode(texts, batch_size=bs, layers="-1", progress=False, precision=prec))
+    runs = {"ours_fp32": ours(enc, "fp32", args.batch_size), "ours_bf16": ours(enc, "bf16", args.batch_size),
+            "st_fp32": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False)}
+    for prec in ("fp32", "bf16"):            # the alternatives: the other attention implementation, other batch sizes
+        runs[f"ours_{prec}_eager_attention"] = ours(eager, prec, args.batch_size)
+        for bs in args.other_batch_sizes:
+            runs[f"ours_{prec}_batch{bs}"] = ours(enc, prec, bs)
     times = {name: [] for name in runs}
     names = list(runs)
     for r in range(args.rounds):             # interleaved, the order rotating: a slow minute hits every setup
@@ -103,7 +110,7 @@ def main():
             t0 = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - t0)
-        print(f"  round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f}s" for n in names))
+        print(f"  round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f}s" for n in names[:3]))
     med = {n: statistics.median(v) for n, v in times.items()}
 
     t0 = time.perf_counter()
@@ -134,6 +141,8 @@ def main():
         "max_score_diff_bf16_vs_fp32": round(float(diff.max()), 3),
         "max_score_diff_cell": f"stsb L{worst[0]} d{worst[1]}",
         "texts_per_s": {n: round(len(texts) / v, 1) for n, v in med.items()},
+        "alternatives_over_default": {n: round(med[n.split("_")[0] + "_" + n.split("_")[1]] / v, 3)
+                                      for n, v in med.items() if n.count("_") > 1},
         "median_seconds": {n: round(v, 3) for n, v in med.items()},
         "gflops_useful_per_s": {prec: round(v / 1e9, 1) for prec, v in rate.items()},
         "gflops_matmul_peak": {prec: round(v / 1e9, 1) for prec, v in peak.items()},
@@ -153,9 +162,10 @@ def main():
               f"({shaped[prec] / 1e9:.1f}); largest ops " + ", ".join(f"{k} {v:.0%}" for k, v in ops[prec][:4]))
     print(f"padding adds {result['padding_overhead']:.1%} FLOPs; tokenisation is {result['tokenize_share_fp32']:.1%} of the fp32 pass; "
           f"largest STS-B score difference bf16 vs fp32 {result['max_score_diff_bf16_vs_fp32']} ({result['max_score_diff_cell']})")
+    print("alternatives, throughput / the default's: " + ", ".join(f"{k} {v}x" for k, v in result["alternatives_over_default"].items()))
     print(json.dumps(result))
     if args.out:
-        record = {**provenance("python bench/encode.py " + shlex.join(sys.argv[1:])), "result": result}
+        record = {**made, "result": result}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 

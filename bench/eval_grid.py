@@ -1,6 +1,6 @@
 """Cost of the layer x dim evaluation grid, measured side by side in one run.
 
-    python bench/eval_grid.py [--data-dir DIR] [--model embedded] [--repeats 2] [--naive-pairs 300]
+    python bench/eval_grid.py [--data-dir DIR] [--model embedded] [--repeats 2] [--naive-pairs 300] [--out FILE.json]
 
 Three ways to get the same STS numbers:
   forward  a plain forward pass: last hidden state only, mean pooled (what any encoder user runs once);
@@ -9,14 +9,19 @@ Three ways to get the same STS numbers:
 forward and grid run on every distinct sentence of the STS tasks (STS-B, SICK-R, STS12-16), alternating in chunks of
 --chunk sentences (the machine's speed drifts), averaged over --repeats passes; grid time = its encoding plus the
 scoring of all cells. naive is timed on the first --naive-pairs STS-B pairs against the grid on the same pairs, since 42 passes
-over all sentences would take most of an hour. The last line is one JSON object.
+over all sentences would take most of an hour. The last line is one JSON object; --out also writes it with what made it
+(results/bench/eval_grid.json is the README's).
 """
 import argparse
 import json
+import shlex
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+from matryoshka_lab.core import provenance
 from matryoshka_lab.data import STSData, Task, load_task, task_spec
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import evaluate, prefix_normalize, score_task, spearman_columns, task_texts
@@ -69,7 +74,9 @@ def main():
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--chunk", type=int, default=2000, help="sentences per alternation")
     p.add_argument("--naive-pairs", type=int, default=300)
+    p.add_argument("--out", default=None, help="also write the result with its provenance to this JSON file")
     args = p.parse_args()
+    made = provenance("python bench/eval_grid.py " + shlex.join(sys.argv[1:]))    # the code that runs: its commit now
 
     enc = Encoder.from_pretrained(args.model)
     layers = list(range(enc.num_layers + 1))
@@ -134,6 +141,9 @@ def main():
           f"(same numbers: max |diff| {worst:.2e})")
     print(f"plain forward throughput: {result['forward_sentences_per_s']} sentences/s")
     print(json.dumps(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({**made, "result": result}, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,11 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
             raise ValueError(f"{str(folder)!r} holds {m} runs of {meta['methods'][m]['max_steps']} steps, not {max_steps}")
     new = summary.assign(value=summary.value.round(4))
     kept = None if old is None else old[[(m, int(s)) not in runs for m, s in zip(old.method, old.seed)]]
+    for m in [] if kept is None else sorted(set(kept.method)):   # rows kept must still mean what VARIANTS says
+        stored, now = meta["methods"].get(m, {}).get("variant"), json.loads(json.dumps(VARIANTS.get(m)))
+        if stored != now:
+            raise ValueError(f"{str(folder)!r} holds {m} rows trained as {stored}, which VARIANTS now defines as {now}: "
+                             "re-run every seed of it, or remove its rows from the result file")
     merged = pd.concat([kept, new], ignore_index=True) if kept is not None else new
     merged.to_csv(folder / "summary.csv", index=False)
     meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()

@@ -16,9 +16,10 @@ from .experiments import STS_TEST, paired_table, read_results, seed_stats
 from .fractal import PAPER_S
 
 # %% auto #0
-__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'TABLES',
-           'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table',
-           'fractal_table', 'fractal_toggles_table', 'render_table', 'fill_tables']
+__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
+           'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table',
+           'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table', 'fractal_table',
+           'fractal_toggles_table', 'render_table', 'fill_tables']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -36,6 +37,13 @@ _MIPIC_ABLATED = {"no_sia": "without SIA", "no_pic": "without PIC", "no_att": "w
                   "att_tau1": "`att_tau: 1`", "equal_dims": "equal PIC dims", "full_tokens": "every token"}
 LABELS.update({f"mipic_{k}": f"MIPIC, {v}" for k, v in _MIPIC_ABLATED.items()})
 LABELS.update({f"mipic_encoder_lr_{k}": f"MIPIC at the encoder's lr, {v}" for k, v in _MIPIC_ABLATED.items()})
+
+def _result_file(results, *parts, command: str) -> dict:
+    "The JSON result file RESULTS/PARTS, or an error naming the `command` that writes it."
+    path = Path(results).joinpath(*parts)
+    if not path.is_file():
+        raise ValueError(f"no result file {str(path)!r}: run `{command}`")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 def _cells(cells) -> list[tuple[str, int, int]]:
     "'L6d384,L3d16' (or a list of such names) -> [(name, layer, dim)]."
@@ -117,10 +125,8 @@ STEP_TIME_GOALS = {"mrl_over_base": ("MRL / base", 1.10), "2dmse_over_mrl": ("2D
 
 def step_time_table(results="results") -> str:
     "The step-time ratios of results/bench/step_time.json against their goals."
-    path = Path(results) / "bench" / "step_time.json"
-    if not path.is_file():
-        raise ValueError(f"no result file {str(path)!r}: run bench/step_time.py --out {str(path)!r}")
-    result = json.loads(path.read_text(encoding="utf-8"))["result"]
+    result = _result_file(results, "bench", "step_time.json",
+                          command="python bench/step_time.py --out results/bench/step_time.json")["result"]
     rows = {label: {"measured": f"{result[key]:.3f}x", "goal": f"<= {goal:.3f}",
                     "met": "yes" if result[key] <= goal else "no"} for key, (label, goal) in STEP_TIME_GOALS.items()}
     return md_table(pd.DataFrame(rows).T.rename_axis("ratio of median step times"))
@@ -142,6 +148,62 @@ def demo_table(results="results", task: str = "stsb", metric: str = "spearman", 
     last = int(sel.layer.max())
     table.index = [f"{l} (embeddings)" if l == 0 else f"{l} (last)" if l == last else str(l) for l in table.index]
     return md_table(table.map(lambda v: f"{v:.2f}").rename_axis("layer \\ d"))
+
+# %% ../nbs/21_report.ipynb #21c014i
+ENCODE_GOALS = {"bf16_over_fp32_throughput": ("our encode, bf16 / fp32 throughput", 1.4),
+                "ours_over_st_throughput": ("ours / sentence-transformers `encode`, fp32 throughput", 1.5)}
+
+def encode_table(results="results") -> str:
+    "results/bench/encode.json: the throughput ratios against issue 18's goals, then the roofline and where the time goes."
+    r = _result_file(results, "bench", "encode.json", command="python bench/encode.py --out results/bench/encode.json")["result"]
+    rows = {label: {"measured": f"{r[key]:.2f}x", "goal": f">= {goal}", "met": "yes" if r[key] >= goal else "no"}
+            for key, (label, goal) in ENCODE_GOALS.items()}
+    rows["ours in bf16 / sentence-transformers fp32"] = {"measured": f"{r['ours_bf16_over_st_throughput']:.2f}x"}
+    tps = r["texts_per_s"]
+    rows["texts/s: ours fp32 / ours bf16 / sentence-transformers fp32"] = {
+        "measured": f"{tps['ours_fp32']:.0f} / {tps['ours_bf16']:.0f} / {tps['st_fp32']:.0f}"}
+    for prec in ("fp32", "bf16"):
+        ops = ", ".join(f"`{k.removeprefix('aten::')}` {v:.0%}" for k, v in r["top_ops"][prec][:3])
+        rows[f"{prec}: useful GFLOP/s / a 2048^3 matmul's; largest ops"] = {
+            "measured": f"{r['gflops_useful_per_s'][prec]:.0f} / {r['gflops_matmul_peak'][prec]:.0f} = "
+                        f"{r[f'fraction_of_matmul_peak_{prec}']:.0%} of peak; {ops}"}
+    alt = r["alternatives_over_default"]
+    rows[f"alternatives, throughput / batch {r['batch_size']} with SDPA attention"] = {"measured": "; ".join(
+        f"{name.split('_', 2)[1]} {name.split('_', 2)[2].replace('_', ' ').replace('batch', 'batch ')} {v:.2f}x"
+        for name, v in alt.items())}
+    rows["FLOPs added by padding; tokenisation's share of the fp32 pass"] = {
+        "measured": f"{r['padding_overhead']:.1%}; {r['tokenize_share_fp32']:.1%}"}
+    rows["largest STS-B score difference, bf16 - fp32 (7 layers x 6 dims)"] = {
+        "measured": f"{r['max_score_diff_bf16_vs_fp32']:.3f} ({r['max_score_diff_cell']})"}
+    return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(f"{r['n_texts']} STS-B sentences, batch {r['batch_size']}, "
+                                                                 f"{r['threads']} threads"))
+
+def mteb_table(results="results") -> str:
+    "results/eval/precision.json: MTEB's tasks (last layer, 384 dims) in fp32 and bf16 beside MTEB's published numbers."
+    r = _result_file(results, "eval", "precision.json", command="python experiments/precision.py")
+    rows = {f"{row['task']} {row['metric']}": {"fp32": f"{row['fp32']:.2f}", "bf16": f"{row['bf16']:.2f}",
+                                               "MTEB": f"{row['published']:.2f}",
+                                               "fp32 - MTEB": f"{row['fp32'] - row['published']:+.2f}",
+                                               "bf16 - fp32": f"{row['bf16'] - row['fp32']:+.2f}"} for row in r["mteb"]}
+    return md_table(pd.DataFrame(rows).T.rename_axis("task"))
+
+def precision_grid_table(results="results") -> str:
+    "results/eval/precision.json: the demo grid in bf16 against fp32, largest cell difference per task."
+    r = _result_file(results, "eval", "precision.json", command="python experiments/precision.py")
+    rows = {f"{row['task']} {row['metric']}": {"cells": row["cells"], "largest abs(bf16 - fp32)": f"{row['max_abs_diff']:.3f}",
+                                               "at": row["at"]} for row in r["demo_grid_bf16_vs_fp32"]}
+    return md_table(pd.DataFrame(rows).T.rename_axis("demo grid"))
+
+def eval_grid_table(results="results") -> str:
+    "results/bench/eval_grid.json: the layer x dim grid's cost against one plain forward pass and against re-encoding per cell."
+    r = _result_file(results, "bench", "eval_grid.json",
+                     command="python bench/eval_grid.py --out results/bench/eval_grid.json")["result"]
+    rows = {f"full grid (encode every hidden state + score all {r['cells']} cells) / one plain forward pass":
+                {"measured": f"{r['grid_over_forward']:.2f}x", "goal": "<= 1.15", "met": "yes" if r["grid_over_forward"] <= 1.15 else "no"},
+            f"re-encoding per (layer, dim) cell / grid, on {r['naive_pairs']} STS-B pairs (largest score difference "
+            f"{r['naive_vs_grid_max_abs_diff']:.0e})": {"measured": f"{r['naive_over_grid']:.0f}x"},
+            "plain forward throughput (sentences/s)": {"measured": f"{r['forward_sentences_per_s']:.0f}"}}
+    return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(f"{r['n_sentences']} distinct STS sentences"))
 
 # %% ../nbs/21_report.ipynb #21c014c
 FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
@@ -208,7 +270,9 @@ def fractal_toggles_table(results="results", dataset: str = "clinc150", seeds: s
 
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
-          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table, "demo": demo_table}
+          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table, "demo": demo_table,
+          "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
+          "eval_grid": eval_grid_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
