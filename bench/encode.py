@@ -8,7 +8,8 @@ On the same texts (the first N distinct STS-B test and dev sentences) and batch 
   ours_fp32   Encoder.encode, last hidden state, mean pooled, float32
   ours_bf16   the same with precision bf16 (the forward pass under torch.autocast with bfloat16)
   st_fp32     sentence-transformers' SentenceTransformer.encode of the same model folder, float32
-Alternatives timed in the same rounds: eager attention instead of PyTorch's SDPA, and other batch sizes.
+Alternatives timed in the same rounds: the other attention implementation (fp32 runs PyTorch's SDPA, bf16 on the
+CPU eager attention: encoder.BF16_CPU_ATTENTION), and other batch sizes.
 The roofline: the transformer's FLOPs for the texts, per layer and token 8 D^2 (the four attention projections)
 + 4 D I (the feed-forward, width I) + 4 T D (scores and weighted sum over T tokens), divided by the time, against
 the FLOP rate of matmuls of the same precision measured in the same run: a large square one (the cores' peak) and
@@ -29,6 +30,7 @@ import torch
 
 from matryoshka_lab.core import cpu_has_native_bf16, provenance
 from matryoshka_lab.data import load_task
+from matryoshka_lab import encoder as encoder_module
 from matryoshka_lab.encoder import Encoder, embedded_model_path
 from matryoshka_lab.eval import evaluate
 
@@ -59,6 +61,15 @@ def matmul_rate(m: int, k: int, n: int, dtype, repeats: int = 5) -> float:
         a @ b
         best = min(best, time.perf_counter() - t0)
     return 2.0 * m * k * n / best
+
+
+def with_bf16_attention(implementation, run):
+    "run() with encoder.BF16_CPU_ATTENTION set to `implementation` (None: bf16 keeps the model's SDPA)."
+    before, encoder_module.BF16_CPU_ATTENTION = encoder_module.BF16_CPU_ATTENTION, implementation
+    try:
+        return run()
+    finally:
+        encoder_module.BF16_CPU_ATTENTION = before
 
 
 def profile_ops(enc: Encoder, texts: list[str], batch_size: int, precision: str, top: int = 6) -> list[tuple[str, float]]:
@@ -95,12 +106,15 @@ def main():
     print(f"{len(texts)} texts, {sum(lengths)} tokens (mean {sum(lengths) / len(texts):.1f}); batch {args.batch_size}; "
           f"torch threads {torch.get_num_threads()}; native bf16: {cpu_has_native_bf16()}")
 
-    eager = Encoder.from_pretrained("embedded", attn_implementation="eager")
     ours = lambda e, prec, bs: (lambda: e.encode(texts, batch_size=bs, layers="-1", progress=False, precision=prec))
     runs = {"ours_fp32": ours(enc, "fp32", args.batch_size), "ours_bf16": ours(enc, "bf16", args.batch_size),
             "st_fp32": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False)}
-    for prec in ("fp32", "bf16"):            # the alternatives: the other attention implementation, other batch sizes
-        runs[f"ours_{prec}_eager_attention"] = ours(eager, prec, args.batch_size)
+    # the alternatives: the other attention implementation (fp32 runs SDPA; bf16 on the CPU eager, BF16_CPU_ATTENTION),
+    # and other batch sizes
+    runs["ours_fp32_eager_attention"] = ours(Encoder.from_pretrained("embedded", attn_implementation="eager"), "fp32",
+                                             args.batch_size)
+    runs["ours_bf16_sdpa_attention"] = lambda: with_bf16_attention(None, ours(enc, "bf16", args.batch_size))
+    for prec in ("fp32", "bf16"):
         for bs in args.other_batch_sizes:
             runs[f"ours_{prec}_batch{bs}"] = ours(enc, prec, bs)
     times = {name: [] for name in runs}
