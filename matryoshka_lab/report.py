@@ -178,13 +178,18 @@ def encode_table(results="results") -> str:
     return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(f"{r['n_texts']} STS-B sentences, batch {r['batch_size']}, "
                                                                  f"{r['threads']} threads"))
 
+def _signed(v: float) -> str:
+    "v with a sign and 2 decimals, '+0.00' for what rounds to zero from either side."
+    text = f"{v:+.2f}"
+    return "+0.00" if text == "-0.00" else text
+
 def mteb_table(results="results") -> str:
     "results/eval/precision.json: MTEB's tasks (last layer, 384 dims) in fp32 and bf16 beside MTEB's published numbers."
     r = _result_file(results, "eval", "precision.json", command="python experiments/precision.py")
     rows = {f"{row['task']} {row['metric']}": {"fp32": f"{row['fp32']:.2f}", "bf16": f"{row['bf16']:.2f}",
                                                "MTEB": f"{row['published']:.2f}",
-                                               "fp32 - MTEB": f"{row['fp32'] - row['published']:+.2f}",
-                                               "bf16 - fp32": f"{row['bf16'] - row['fp32']:+.2f}"} for row in r["mteb"]}
+                                               "fp32 - MTEB": _signed(row['fp32'] - row['published']),
+                                               "bf16 - fp32": _signed(row['bf16'] - row['fp32'])} for row in r["mteb"]}
     return md_table(pd.DataFrame(rows).T.rename_axis("task"))
 
 def precision_grid_table(results="results") -> str:
@@ -201,7 +206,7 @@ def eval_grid_table(results="results") -> str:
     rows = {f"full grid (encode every hidden state + score all {r['cells']} cells) / one plain forward pass":
                 {"measured": f"{r['grid_over_forward']:.2f}x", "goal": "<= 1.15", "met": "yes" if r["grid_over_forward"] <= 1.15 else "no"},
             f"re-encoding per (layer, dim) cell / grid, on {r['naive_pairs']} STS-B pairs (largest score difference "
-            f"{r['naive_vs_grid_max_abs_diff']:.0e})": {"measured": f"{r['naive_over_grid']:.0f}x"},
+            f"{r['naive_vs_grid_max_abs_diff']:.2g})": {"measured": f"{r['naive_over_grid']:.0f}x"},
             "plain forward throughput (sentences/s)": {"measured": f"{r['forward_sentences_per_s']:.0f}"}}
     return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(f"{r['n_sentences']} distinct STS sentences"))
 
