@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'cpu_has_native_bf16', 'resolve_precision', 'autocast', 'seed_everything',
-           'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit', 'provenance', 'parse_layers', 'parse_dims']
+__all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'cpu_has_native_bf16', 'check_precision', 'resolve_precision', 'autocast',
+           'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit', 'provenance',
+           'parse_layers', 'parse_dims']
 
 # %% ../nbs/00_core.ipynb #00c006
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -37,10 +38,15 @@ def cpu_has_native_bf16() -> bool:
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(bool(probe()) for probe in probes if probe is not None)
 
-def resolve_precision(precision: str | None, device: str | torch.device = "cpu", native: bool | None = None) -> str:
-    "'fp32', 'bf16' or 'amp' (CUDA autocast) for `precision` on `device`; `native`: the CPU's bf16 support (default: asked)."
+def check_precision(precision: str | None) -> str | None:
+    "precision, if it is one of PRECISIONS or None; else a clear error."
     if precision not in (None, *PRECISIONS):
         raise ValueError(f"precision must be one of {PRECISIONS} (or None), got {precision!r}")
+    return precision
+
+def resolve_precision(precision: str | None, device: str | torch.device = "cpu", native: bool | None = None) -> str:
+    "'fp32', 'bf16' or 'amp' (CUDA autocast) for `precision` on `device`; `native`: the CPU's bf16 support (default: asked)."
+    check_precision(precision)
     cuda = torch.device(device).type == "cuda"
     if precision is None:
         return "amp" if cuda else "fp32"

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .core import autocast, hub_offline, parse_layers, resolve_device, resolve_precision
+from .core import autocast, check_precision, hub_offline, parse_layers, resolve_device, resolve_precision
 
 # %% auto #0
 __all__ = ['EMBEDDED', 'POOLINGS', 'BF16_CPU_ATTENTION', 'WEIGHT_SUFFIXES', 'embedded_model_path', 'ModelNotAvailableError',
@@ -146,13 +146,12 @@ class Encoder(nn.Module):
     def __init__(self, model: nn.Module, tokenizer, pooling: str = "mean", max_length: int = 256,
                  precision: str | None = None):
         super().__init__()
-        resolve_precision(precision)                                        # an unknown precision fails here, not mid-encode
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if max_length < 1:
             raise ValueError(f"max_length must be at least 1, got {max_length}")
         self.model, self.tokenizer, self.pooling, self.max_length = model, tokenizer, pooling, int(max_length)
-        self.precision = precision       # encode's default: fp32 / bf16 / auto (None: fp32 on CPU, autocast on CUDA)
+        self.precision = check_precision(precision)   # encode's default: fp32 / bf16 / auto (None: fp32 on CPU, autocast on CUDA)
         if tokenizer.pad_token_id is None:  # decoder tokenizers often lack one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         self._accepted = set(inspect.signature(model.forward).parameters)
