@@ -5,6 +5,8 @@
     python experiments/fractal_protocols.py toggles --only 'toggle_paper-text+metric_terms'   # one of them
     python experiments/fractal_protocols.py main --dataset trec --only authors --workers 2     # Table 3's other datasets
     python experiments/fractal_protocols.py more [--dataset clinc150]   # authors: three levels, synthetic K0, capacity, lr
+    python experiments/fractal_protocols.py hierarchy --dataset trec      # add H(L0), H(L1|L0) to files written before
+                                                                        # run_fractal recorded them
 
 Writes small JSON result files under results/fractal/ (re-running replaces a file; an existing file is skipped unless
 --force). Reads the datasets from $MATRYOSHKA_LAB_DATA (or --data-dir); the backbone vectors come from encode_cached.
@@ -15,7 +17,9 @@ import os
 import time
 from pathlib import Path
 
-from matryoshka_lab.fractal import CLINC_SUPER_DOMAINS, add_parent_level, fractal_data, run_fractal, synthetic_sweep
+from matryoshka_lab.data import load_task
+from matryoshka_lab.fractal import (CLINC_SUPER_DOMAINS, add_parent_level, encode_levels, fractal_data, hierarchy_bits,
+                                    run_fractal, synthetic_sweep)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "fractal"
@@ -67,13 +71,19 @@ def capacity_rows(data, workers: int) -> list:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("study", choices=("main", "toggles", "more"))
+    p.add_argument("study", choices=("main", "toggles", "more", "hierarchy"))
     p.add_argument("--data-dir", default=os.environ.get("MATRYOSHKA_LAB_DATA"))
     p.add_argument("--dataset", default="clinc150")
     p.add_argument("--only", default=None, help="comma-separated result names to run (default: all of the study)")
     p.add_argument("--force", action="store_true", help="recompute result files that exist")
     p.add_argument("--workers", type=int, default=1, help="heads trained at a time, one process each (default 1)")
     args = p.parse_args()
+    if args.study == "hierarchy":                                  # labels only: nothing to encode
+        task = load_task(args.dataset, args.data_dir)
+        train_y, _, levels, _ = encode_levels(task.train, task.test)
+        add_hierarchy(OUT / args.dataset, train_y, levels,
+                      f"python experiments/fractal_protocols.py hierarchy --dataset {args.dataset}")
+        return
     data = fractal_data("embedded", args.dataset, args.data_dir, progress=False)
     jobs = {}
     if args.study == "main":
@@ -101,6 +111,16 @@ def main() -> None:
         res = run_fractal("embedded", args.data_dir, data, progress=False, workers=args.workers, **kw)
         save(path, res, time.time() - t, f"python experiments/fractal_protocols.py {args.study} --dataset {args.dataset} --only {name}")
 
+
+
+def add_hierarchy(folder: Path, train_y, levels, command: str) -> None:
+    "Write hierarchy_bits(train_y) (what run_fractal now records) into every run_fractal result in folder that lacks it."
+    for path in sorted(folder.glob("*.json")):
+        res = json.loads(path.read_text())
+        if "summary" in res and "hierarchy" not in res and res["levels"] == list(levels):
+            res["hierarchy"] = {**hierarchy_bits(train_y), "command": command}
+            path.write_text(json.dumps(res, indent=1, allow_nan=False))
+            print(f"{path.relative_to(ROOT)}: H(L1|L0) = {res['hierarchy']['H_L1_given_L0']:.2f} bits")
 
 
 def more(args, data, only) -> None:

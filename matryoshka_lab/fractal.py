@@ -26,14 +26,15 @@ from .eval import knn_grid
 
 # %% auto #0
 __all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'PAPER_S',
-           'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'steerability', 'steerability_auc',
-           'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation', 'Supervision',
-           'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody', 'FractalHead', 'block_keep_mask',
-           'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'FractalConfig', 'fractal_config',
-           'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids', 'train_head', 'encode_levels',
-           'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds',
-           'run_condition', 'run_fractal', 'runs_frame', 'cross_dataset', 'entropy_bits', 'conditional_entropy_bits',
-           'random_coarse', 'add_parent_level', 'synthetic_sweep', 'quadratic_fit']
+           'PAPER_T3', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'steerability',
+           'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation',
+           'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody', 'FractalHead',
+           'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'FractalConfig',
+           'fractal_config', 'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids', 'train_head',
+           'encode_levels', 'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split',
+           'fractal_seeds', 'run_condition', 'entropy_bits', 'conditional_entropy_bits', 'hierarchy_bits',
+           'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse', 'add_parent_level', 'synthetic_sweep',
+           'quadratic_fit']
 
 # %% ../nbs/15_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -679,6 +680,24 @@ def _jsonable(x):
         return float(x) if math.isfinite(x) else None
     return x
 
+# %% ../nbs/15_fractal.ipynb #15c043z
+def entropy_bits(y) -> float:
+    "Shannon entropy in bits of the empirical distribution of labels y [N]."
+    _, counts = np.unique(np.asarray(y), return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+def conditional_entropy_bits(fine, coarse) -> float:
+    "H(fine | coarse) in bits = H(coarse, fine) - H(coarse), labels [N] each (any comparable values)."
+    c = np.unique(np.asarray(coarse), return_inverse=True)[1].ravel()
+    f, n_f = (lambda u: (u[1].ravel(), len(u[0])))(np.unique(np.asarray(fine), return_inverse=True))
+    return entropy_bits(c * n_f + f) - entropy_bits(c)
+
+def hierarchy_bits(train_y) -> dict:
+    "H(L0) and H(L_fine | L0) in bits of training labels [V, N] (coarse .. fine): the paper's predictor of how far V5 can steer (Sec. 6)."
+    y = np.asarray(train_y)
+    return {"H_L0": entropy_bits(y[0]), "H_L1_given_L0": conditional_entropy_bits(y[-1], y[0])}
+
 # %% ../nbs/15_fractal.ipynb #15c044
 _WORKER_DATA = None
 
@@ -742,7 +761,7 @@ def run_fractal(model: str | Path = "embedded", data_dir: str | Path | None = No
     base = {k: v for k, v in asdict(cfg0).items() if k not in ("condition", "seed")}
     lv = list(ytr)
     return _jsonable({"dataset": data.name, "model": str(model), "levels": list(data.levels), "n_classes": list(data.n_classes),
-                      "dims": cfg0.dims, "seeds": seeds, "conditions": conditions, "protocol": protocol,
+                      "hierarchy": hierarchy_bits(data.train_y), "dims": cfg0.dims, "seeds": seeds, "conditions": conditions, "protocol": protocol,
                       "overrides": protocol_overrides(cfg0), "evaluation": cfg0.evaluation, "config": base,
                       "split": {"val_frac": cfg0.val_frac, "split_seed": cfg0.split_seed, "max_train": cfg0.max_train,
                                 "max_test": cfg0.max_test, "n_train": len(split["train"]), "n_val": len(split["val"]),
@@ -808,18 +827,6 @@ CLINC_SUPER_DOMAINS = {"banking": "finance", "credit_cards": "finance", "home": 
                        "travel": "travel_transport", "auto_and_commute": "travel_transport", "work": "productivity",
                        "utility": "productivity", "small_talk": "conversation", "meta": "conversation"}
 
-def entropy_bits(y) -> float:
-    "Shannon entropy in bits of the empirical distribution of labels y [N]."
-    _, counts = np.unique(np.asarray(y), return_counts=True)
-    p = counts / counts.sum()
-    return float(-(p * np.log2(p)).sum())
-
-def conditional_entropy_bits(fine, coarse) -> float:
-    "H(fine | coarse) in bits = H(coarse, fine) - H(coarse), labels [N] each (any comparable values)."
-    c = np.unique(np.asarray(coarse), return_inverse=True)[1].ravel()
-    f, n_f = (lambda u: (u[1].ravel(), len(u[0])))(np.unique(np.asarray(fine), return_inverse=True))
-    return entropy_bits(c * n_f + f) - entropy_bits(c)
-
 def random_coarse(data: FractalData, k0: int, seed: int) -> FractalData:
     "Sec. 6.2: the finest level kept, the coarse level replaced by a seeded random partition of its classes into k0 groups of equal size (+-1)."
     K1 = data.n_classes[-1]
@@ -881,3 +888,5 @@ PAPER_S = {  # fractal_embeddings.txt: Table 3 (S mean +- SD, 5 seeds; V5 vs MRL
     "trec": {"v5": (0.044, 0.017), "mrl": (-0.001, 0.015), "p_adj": 0.038, "d": 2.4,
              "table4": {"v5": (0.045, 0.023), "inverted": (-0.025, 0.008), "no_prefix": (-0.003, 0.008), "uhmt": (-0.009, 0.017)}}}
 
+PAPER_T3 = {"goemotions": (1.88, 0.020, 0.006), "20newsgroups": (1.88, 0.035, 0.000), "trec": (2.21, 0.044, -0.001),
+            "arxiv": (2.62, 0.027, -0.001), "clinc150": (3.90, 0.150, 0.007), "wos": (5.05, 0.038, None)}  # Table 3: H(L1|L0), V5 S, MRL S

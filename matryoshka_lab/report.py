@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 
 from .experiments import STS_TEST, paired_table, read_results, seed_stats
-from .fractal import PAPER_S
+from .fractal import PAPER_S, PAPER_T3
 
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
-           'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table',
-           'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table', 'fractal_table',
-           'fractal_toggles_table', 'render_table', 'fill_tables']
+           'FRACTAL_DATASETS', 'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table',
+           'step_time_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table',
+           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'render_table', 'fill_tables']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -273,9 +273,32 @@ def fractal_toggles_table(results="results", dataset: str = "clinc150", seeds: s
             rows[label] = row
     return md_table(pd.DataFrame(rows).T.rename_axis(""))
 
+FRACTAL_DATASETS = {"clinc150": "CLINC-150", "trec": "TREC", "goemotions": "GoEmotions", "20newsgroups": "20 Newsgroups",
+                    "wos": "WOS subset", "arxiv": "arXiv subset"}
+
+def fractal_datasets_table(results="results", datasets: str = ",".join(FRACTAL_DATASETS)) -> str:
+    "Per dataset's authors.json: H(L1|L0) of its training rows, V5's and MRL's S (means under each evaluation), Table 3's."
+    rows = {}
+    for name in datasets.split(","):
+        res = _fractal_file(results, name, "authors")
+        if res is None:
+            continue
+        if "hierarchy" not in res:
+            raise ValueError(f"results/fractal/{name}/authors.json has no hierarchy entry: run "
+                             f"`python experiments/fractal_protocols.py hierarchy --dataset {name}`")
+        paper = PAPER_T3.get(name)
+        rows[f"{FRACTAL_DATASETS.get(name, name)} ({res['n_classes'][0]} -> {res['n_classes'][-1]})"] = {
+            "H(L1\\|L0)": f"{res['hierarchy']['H_L1_given_L0']:.2f}",
+            "V5": _s_cell(_s_values(res, "v5"), sd=False), "MRL": _s_cell(_s_values(res, "mrl"), sd=False),
+            "paper V5 / MRL": "" if paper is None else " / ".join("-" if x is None else f"{x:+.3f}" for x in paper[1:])}
+    if not rows:
+        raise ValueError(f"no results/fractal/NAME/authors.json for {datasets}: run experiments/fractal_protocols.py main")
+    return md_table(pd.DataFrame(rows).T.rename_axis("dataset"))
+
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
-          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table, "demo": demo_table,
+          "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
+          "fractal_datasets": fractal_datasets_table, "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
