@@ -26,13 +26,13 @@ from .eval import knn_grid
 
 # %% auto #0
 __all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'PAPER_S',
-           'PAPER_T3', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'steerability',
-           'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation',
-           'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody', 'FractalHead',
-           'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'FractalConfig',
-           'fractal_config', 'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids', 'train_head',
-           'encode_levels', 'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split',
-           'fractal_seeds', 'run_condition', 'entropy_bits', 'conditional_entropy_bits', 'hierarchy_bits',
+           'PAPER_T3', 'PAPER_POOLED', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy',
+           'steerability', 'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics',
+           'localisation', 'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody',
+           'FractalHead', 'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step',
+           'FractalConfig', 'fractal_config', 'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids',
+           'train_head', 'encode_levels', 'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data',
+           'seed_split', 'fractal_seeds', 'run_condition', 'entropy_bits', 'conditional_entropy_bits', 'hierarchy_bits',
            'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse', 'add_parent_level', 'synthetic_sweep',
            'quadratic_fit']
 
@@ -890,3 +890,5 @@ PAPER_S = {  # fractal_embeddings.txt: Table 3 (S mean +- SD, 5 seeds; V5 vs MRL
 
 PAPER_T3 = {"goemotions": (1.88, 0.020, 0.006), "20newsgroups": (1.88, 0.035, 0.000), "trec": (2.21, 0.044, -0.001),
             "arxiv": (2.62, 0.027, -0.001), "clinc150": (3.90, 0.150, 0.007), "wos": (5.05, 0.038, None)}  # Table 3: H(L1|L0), V5 S, MRL S
+PAPER_POOLED = {"d": (1.49, 0.69, 2.30), "favour": (8, 8, 0.004),          # Sec. 4 "Pooled evidence": d [CI]; n_pos, n, sign p
+                "rho_H": (0.74, 0.035), "rho_H_acc": (0.90, 0.002)}            # Sec. 6: Spearman rho, p

@@ -13,13 +13,15 @@ import numpy as np
 import pandas as pd
 
 from .experiments import STS_TEST, paired_table, read_results, seed_stats
-from .fractal import PAPER_S, PAPER_T3
+from . import stats
+from .fractal import PAPER_POOLED, PAPER_S, PAPER_T3, cross_dataset
 
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
-           'FRACTAL_DATASETS', 'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table',
-           'step_time_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table',
-           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'render_table', 'fill_tables']
+           'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table',
+           'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table',
+           'eval_grid_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
+           'fractal_pooled_table', 'render_table', 'fill_tables']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -295,10 +297,39 @@ def fractal_datasets_table(results="results", datasets: str = ",".join(FRACTAL_D
         raise ValueError(f"no results/fractal/NAME/authors.json for {datasets}: run experiments/fractal_protocols.py main")
     return md_table(pd.DataFrame(rows).T.rename_axis("dataset"))
 
+FRACTAL_EVALUATIONS = {"loo500": "the authors' (leave-one-out among 500 test rows)", "loo_test": "leave-one-out, all test rows",
+                       "train_index": "the training rows as the index"}
+
+def fractal_pooled_table(results="results", datasets: str = ",".join(FRACTAL_DATASETS)) -> str:
+    "Over the datasets' authors.json, per evaluation: pooled d_z (DerSimonian-Laird) of V5 - MRL, datasets favouring V5, Holm-significant ones, and Spearman's rho of V5's S with H(L1|L0) and with H(L1|L0) x the backbone's fine accuracy (exact p); the paper's."
+    files = {n: f for n in datasets.split(",") if (f := _fractal_file(results, n, "authors")) is not None}
+    if len(files) < 3:
+        raise ValueError(f"pooling needs at least 3 datasets' authors.json, found {sorted(files)}")
+    rows = {}
+    for ev, label in FRACTAL_EVALUATIONS.items():
+        tab, pooled = cross_dataset(files, ev)
+        h = np.array([files[n]["hierarchy"]["H_L1_given_L0"] for n in tab.index])
+        acc = np.array([files[n]["backbone_acc_by_eval"][ev][f"L{len(files[n]['levels']) - 1}"] for n in tab.index])
+        s = tab["v5 S"].astype(float).to_numpy()
+        (r1, p1), (r2, p2) = stats.spearman_exact(h, s), stats.spearman_exact(h * acc, s)
+        sign, holm_sig = pooled["sign"], int((tab["p_adj"].astype(float) < 0.05).sum())
+        rows[label] = {"pooled d [95% CI]": f"{pooled['estimate']:.2f} [{pooled['ci_low']:.2f}, {pooled['ci_high']:.2f}]",
+                       "favour V5 (sign test p)": f"{sign['n_pos']}/{sign['n']} (p = {sign['p_greater']:.2g})",
+                       "Holm p_adj < 0.05": f"{holm_sig}/{len(tab)}",
+                       "rho with H(L1\\|L0) (exact p)": f"{r1:+.2f} (p = {p1:.2g})",
+                       "rho with H(L1\\|L0) x A_L1 (exact p)": f"{r2:+.2f} (p = {p2:.2g})"}
+    d, lo, hi = PAPER_POOLED["d"]
+    (d, lo, hi), (n_pos, n, p_sign) = PAPER_POOLED["d"], PAPER_POOLED["favour"]
+    rows["paper (8 datasets)"] = {"pooled d [95% CI]": f"{d:.2f} [{lo:.2f}, {hi:.2f}]",
+                                  "favour V5 (sign test p)": f"{n_pos}/{n} (p = {p_sign:.2g})", "Holm p_adj < 0.05": "",
+                                  **{col: "{:+.2f} (p = {:.2g})".format(*PAPER_POOLED[key]) for col, key in
+                                     (("rho with H(L1\\|L0) (exact p)", "rho_H"), ("rho with H(L1\\|L0) x A_L1 (exact p)", "rho_H_acc"))}}
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"V5 - MRL over {len(files)} datasets, evaluation"))
+
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
-          "fractal_datasets": fractal_datasets_table, "demo": demo_table,
+          "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table, "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)

@@ -5,6 +5,7 @@
 # %% ../nbs/14_stats.ipynb #14c004
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -15,7 +16,7 @@ from statsmodels.stats.multitest import multipletests
 
 # %% auto #0
 __all__ = ['paired_ttest', 'cohens_d_paired', 'hedges_correction', 'hedges_g', 'holm', 'sign_test', 'paired_d_variance',
-           'dersimonian_laird', 'compare_conditions']
+           'dersimonian_laird', 'compare_conditions', 'spearman_exact']
 
 # %% ../nbs/14_stats.ipynb #14c007
 def _vector(x, name: str, min_len: int = 2) -> np.ndarray:
@@ -149,3 +150,13 @@ def compare_conditions(values: dict, reference: str, alpha: float = 0.05) -> pd.
     table["p_adj"], table["reject"] = adj.p_adj, adj.reject.astype(object)
     table.index.name = "condition"
     return table[["n", "mean", "sd", "mean_diff", "t", "df", "p", "p_adj", "reject", "d"]]
+
+# %% ../nbs/14_stats.ipynb #14c045b
+def spearman_exact(x, y):
+    "Spearman rho and its two-sided p over all n! orderings of y (exact; scipy's t approximation says p = 0 at rho = 1)."
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) > 9:
+        raise ValueError(f"exact permutation p enumerates n! orderings; n = {len(x)} is too many")
+    rho = stats.spearmanr(x, y).statistic
+    perms = [stats.spearmanr(x, y[list(o)]).statistic for o in itertools.permutations(range(len(y)))]
+    return rho, float(np.mean(np.abs(perms) >= abs(rho) - 1e-12))
