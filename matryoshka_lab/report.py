@@ -21,7 +21,7 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACT
            'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table',
            'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table',
            'eval_grid_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
-           'fractal_pooled_table', 'render_table', 'fill_tables']
+           'fractal_pooled_table', 'fractal_tests_table', 'render_table', 'fill_tables']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -326,10 +326,34 @@ def fractal_pooled_table(results="results", datasets: str = ",".join(FRACTAL_DAT
                                      (("rho with H(L1\\|L0) (exact p)", "rho_H"), ("rho with H(L1\\|L0) x A_L1 (exact p)", "rho_H_acc"))}}
     return md_table(pd.DataFrame(rows).T.rename_axis(f"V5 - MRL over {len(files)} datasets, evaluation"))
 
+def fractal_tests_table(results="results", dataset: str = "clinc150") -> str:
+    "authors.json's paired test of V5 against MRL per evaluation, and V5 against each ablation file (authors_CONDITION.json) over the same seeds."
+    res = _fractal_file(results, dataset, "authors")
+    if res is None:
+        raise ValueError(f"no results/fractal/{dataset}/authors.json: run experiments/fractal_protocols.py main --dataset {dataset}")
+    v5_seeds = [r["seed"] for r in res["runs"] if r["condition"] == "v5"]
+    ablations = {}
+    for c in ("inverted", "no_prefix", "uhmt"):
+        f = _fractal_file(results, dataset, f"authors_{c}")
+        if f is not None:
+            if [r["seed"] for r in f["runs"]] != v5_seeds:
+                raise ValueError(f"authors_{c}.json ran seeds {[r['seed'] for r in f['runs']]}, V5 {v5_seeds}: no pairing")
+            ablations[c] = f
+    rows = {}
+    for ev, label in FRACTAL_EVALUATIONS.items():
+        t = res["stats_by_eval"][ev]["v5_vs_mrl"]
+        rows[label] = {"V5 - MRL": f"{t['mean_diff']:+.3f}", f"t({t['df']})": f"{t['t']:.1f}", "p": f"{t['p']:.2g}",
+                       "d": f"{t['d']:.1f}"}
+        for c, f in ablations.items():
+            tt = stats.paired_ttest(res["summary"]["v5"]["S_by_eval"][ev], f["summary"][c]["S_by_eval"][ev])
+            rows[label][f"V5 - {FRACTAL_CONDITIONS[c]} (p)"] = f"{tt['mean_diff']:+.3f} (p = {tt['p']:.2g})"
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, {len(v5_seeds)} seeds, evaluation"))
+
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
-          "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table, "demo": demo_table,
+          "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table,
+          "fractal_tests": fractal_tests_table, "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
