@@ -291,6 +291,13 @@ def test_loss_lr_trains_a_losss_own_parameters_at_their_own_rate(tiny_encoder, t
         make_config({"loss_lr": 0})
 
 
+def test_mipic_config_trains_its_own_parameters_at_the_measured_rate():
+    "configs/mipic.yaml and the experiments' 'mipic' variant share loss_lr (chosen under AnglE, nbs/10_baselines)."
+    import yaml
+    from matryoshka_lab.experiments import MIPIC_LOSS_LR, VARIANTS
+    assert yaml.safe_load((ROOT / "configs" / "mipic.yaml").read_text())["loss_lr"] == MIPIC_LOSS_LR == VARIANTS["mipic"]["loss_lr"]
+
+
 def test_mipic_anchor_follows_the_models_pooling():
     "MIPIC's anchor is [CLS] for a CLS-pooled model, the pooled vector otherwise, unless loss_options set it."
     from matryoshka_lab.trainer import make_loss
