@@ -25,8 +25,9 @@ from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'client_allowed', 'empty_figure', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
-           'export_row', 'find_grids', 'read_grid', 'grid_view', 'Workbench', 'build_app', 'show']
+           'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'client_allowed', 'empty_figure', 'lines_figure', 'default_train',
+           'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'tab', 'find_grids', 'read_grid',
+           'grid_view', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/20_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -96,6 +97,21 @@ def export_row(get_fig, stem: str) -> pn.Row:
         pn.widgets.FileDownload(callback=lambda: io.BytesIO(figure_png(get_fig())), filename=f"{safe}.png",
                                 label="Export PNG", width=150))
 
+SIDEBAR, FIGURE_HEIGHT, GRID_HEIGHT = 300, 380, 470   # px: a tab's control column; figures fill the width left
+
+def fit(fig):
+    "fig without its own fixed width, so that it takes its pane's."
+    return fig.update_layout(width=None, autosize=True)
+
+def figure_pane(fig, height: int = FIGURE_HEIGHT) -> pn.pane.Plotly:
+    "A Plotly pane as wide as its column, `height` px tall, showing fig at that size."
+    return pn.pane.Plotly(fit(fig), sizing_mode="stretch_width", height=height)
+
+def tab(name: str, controls: list, *figures) -> pn.Row:
+    "A tab: its controls in a sidebar SIDEBAR px wide, its figures one under the other in the width left."
+    return pn.Row(pn.Column(*controls, width=SIDEBAR + 20), pn.Column(*figures, sizing_mode="stretch_width"),
+                  name=name, sizing_mode="stretch_width")
+
 # %% ../nbs/20_workbench.ipynb #20c013
 def find_grids(root: Path) -> dict[str, Path]:
     "grid.csv files under root, by their path relative to root; anything resolving outside root is ignored."
@@ -127,8 +143,8 @@ def grid_view(root: Path):
     if not grids:
         return pn.pane.Markdown("No `grid.csv` under the runs root yet (the trainer writes one at evaluations; "
                                 "`matryoshka-lab demo` writes runs/demo/grid.csv).")
-    run = pn.widgets.Select(label="Grid", options=list(grids))
-    pair = pn.widgets.Select(label="Task / metric")
+    run = pn.widgets.Select(label="Grid", options=list(grids), width=SIDEBAR)
+    pair = pn.widgets.Select(label="Task / metric", width=SIDEBAR)
     state = {"df": pd.DataFrame(columns=COLUMNS)}
 
     def load(_=None):
@@ -143,13 +159,13 @@ def grid_view(root: Path):
             return pn.pane.Markdown("This grid file is empty or malformed.")
         task, metric = choice.split(" / ")
         fig = plot_grid(state["df"], task, metric)
-        return pn.Column(pn.Row(pn.pane.Plotly(fig), pn.pane.DataFrame(grid_table(state["df"], task, metric).round(2),
-                                                                      width=420)),
-                         export_row(lambda: fig, f"grid_{task}_{metric}"))
+        return pn.Column(figure_pane(fig, GRID_HEIGHT), export_row(lambda: fig, f"grid_{task}_{metric}"),
+                         pn.pane.DataFrame(grid_table(state["df"], task, metric).round(2), sizing_mode="stretch_width"),
+                         sizing_mode="stretch_width")
 
     run.param.watch(load, "value")
     load()
-    return pn.Column(pn.Row(run, pair), pn.bind(view, pair, run))
+    return tab("Grids", [run, pair], pn.bind(view, pair, run))
 
 # %% ../nbs/20_workbench.ipynb #20c018
 def _read_config(run_dir: Path) -> dict:
@@ -193,30 +209,30 @@ class Workbench:
 # %% ../nbs/20_workbench.ipynb #20c019
 def _widgets(self) -> None:
     "The tabs' widgets and panes, and what each change triggers."
-    self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=760)
-    self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=760)
-    self.train_plot = pn.pane.Plotly(empty_figure("no run selected"))
-    self.eval_plot = pn.pane.Plotly(empty_figure("no eval metrics yet"))
-    self.grid_pair = pn.widgets.Select(label="Layer x dim grid (task / metric)", options=[], width=320)
-    self.grid_slider = pn.widgets.DiscreteSlider(label="Evaluated at step", options=[0], value=0, width=420, visible=False)
-    self.grid_plot = pn.pane.Plotly(empty_figure("no layer x dim evaluation yet"))
+    self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=SIDEBAR)
+    self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=SIDEBAR)
+    self.train_plot = figure_pane(empty_figure("no run selected"))
+    self.eval_plot = figure_pane(empty_figure("no eval metrics yet"))
+    self.grid_pair = pn.widgets.Select(label="Layer x dim grid (task / metric)", options=[], width=SIDEBAR)
+    self.grid_slider = pn.widgets.DiscreteSlider(label="Evaluated at step", options=[0], value=0, width=SIDEBAR, visible=False)
+    self.grid_plot = figure_pane(empty_figure("no layer x dim evaluation yet"), height=GRID_HEIGHT)
 
-    self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=220)
-    self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=420, visible=False)
-    self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=140)
-    self.snap_plot = pn.pane.Plotly(empty_figure("no snapshots in this run"))
-    self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=320)
-    self.steer_plot = pn.pane.Plotly(empty_figure("no Fractal result JSON in this run"))
+    self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=SIDEBAR)
+    self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=SIDEBAR, visible=False)
+    self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR)
+    self.snap_plot = figure_pane(empty_figure("no snapshots in this run"), height=GRID_HEIGHT)
+    self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=SIDEBAR)
+    self.steer_plot = figure_pane(empty_figure("no Fractal result JSON in this run"))
     self.steer_note = pn.pane.Markdown("No Fractal result JSON in this run (`matryoshka-lab fractal --out RUN/NAME.json`).")
 
     self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
-                                           value=self.names[:2], width=760)
-    self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name)", value="*", width=360)
+                                           value=self.names[:2], width=SIDEBAR)
+    self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name)", value="*", width=SIDEBAR)
     self.cmp_button = pn.widgets.Button(label="Compare", width=120)
     self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
-    self.cmp_plot = pn.pane.Plotly(empty_figure("choose runs"))
-    self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=420)
-    self.cmp_lines = pn.pane.Plotly(empty_figure("choose runs"))
+    self.cmp_plot = figure_pane(empty_figure("choose runs"))
+    self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=SIDEBAR)
+    self.cmp_lines = figure_pane(empty_figure("choose runs"))
 
     self.picker.param.watch(lambda e: self.open_run(e.new), "value")
     self.refresh.on_click(lambda e: self.refresh_runs())
@@ -234,25 +250,27 @@ def _widgets(self) -> None:
     self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
 
 def _layout(self) -> pn.Column:
-    "The header (title, run picker, step pane, status) over the four tabs."
+    "The header (title, run picker, step pane, status) over the four tabs; in each tab its controls in a sidebar on the left, its figures filling the rest."
     title = pn.pane.Markdown(f"# matryoshka_lab workbench\nRuns root: `{self.root}` (set ${RUNS_ENV})")
     if not self.names:
         title.object += ("\n\nNo runs under the runs root yet (a run is a folder with metrics.jsonl, config.json "
                          "or grid.csv). Train one, or press Refresh runs.")
-    monitor = pn.Column(self.train_choice, self.train_plot, export_row(lambda: self.train_plot.object, "train_curves"),
-                        self.eval_choice, self.eval_plot, export_row(lambda: self.eval_plot.object, "eval_metrics"),
-                        pn.Row(self.grid_pair, self.grid_slider), self.grid_plot,
-                        export_row(lambda: self.grid_plot.object, "eval_grid"), name="Monitor")
-    self._steer_parts = [self.steer_select, self.steer_plot, export_row(lambda: self.steer_plot.object, "steerability")]
-    self.steer_box = pn.Column(self.steer_note)      # the note, or the parts once the run has a Fractal result
-    snaps = pn.Column(pn.Row(self.array_select, self.snap_slider, self.layer_input), self.snap_plot,
-                      export_row(lambda: self.snap_plot.object, "snapshot"), self.steer_box, name="Snapshots")
-    compare = pn.Column(self.cmp_runs, pn.Row(self.cmp_pattern, self.cmp_button), self.cmp_table, self.cmp_plot,
-                        export_row(lambda: self.cmp_plot.object, "compare"), self.cmp_metric, self.cmp_lines,
-                        export_row(lambda: self.cmp_lines.object, "compare_curves"), name="Compare")
-    grids = pn.Column(grid_view(self.root), name="Grids")
-    self.tabs = pn.Tabs(monitor, snaps, compare, grids, dynamic=False)
-    return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs)
+    figure = lambda pane, stem: pn.Column(pane, export_row(lambda: pane.object, stem), sizing_mode="stretch_width")
+    monitor = tab("Monitor", [self.train_choice, self.eval_choice, self.grid_pair, self.grid_slider],
+                  pn.Row(figure(self.train_plot, "train_curves"), figure(self.eval_plot, "eval_metrics"),
+                         sizing_mode="stretch_width"),
+                  figure(self.grid_plot, "eval_grid"))
+    self._steer_parts = [self.steer_select, figure(self.steer_plot, "steerability")]
+    self.steer_box = pn.Column(self.steer_note, sizing_mode="stretch_width")   # the note, or the parts once the run has a Fractal result
+    snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input],
+                figure(self.snap_plot, "snapshot"), self.steer_box)
+    compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_button, self.cmp_metric], self.cmp_table,
+                  pn.Row(figure(self.cmp_plot, "compare"), figure(self.cmp_lines, "compare_curves"),
+                         sizing_mode="stretch_width"))
+    grids = pn.Column(grid_view(self.root), name="Grids", sizing_mode="stretch_width")
+    self.tabs = pn.Tabs(monitor, snaps, compare, grids, dynamic=False, sizing_mode="stretch_width")
+    return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
+                     sizing_mode="stretch_width")
 
 Workbench._widgets, Workbench._layout = _widgets, _layout
 
@@ -324,13 +342,13 @@ def _redraw(self) -> None:
     "Draw the chosen training curves and eval metrics."
     self._dirty, self._plotted = False, time.monotonic()
     if self.tail is None:
-        self.train_plot.object = empty_figure("no run selected")
-        self.eval_plot.object = empty_figure("")
+        self.train_plot.object = fit(empty_figure("no run selected"))
+        self.eval_plot.object = fit(empty_figure(""))
     else:
         df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
-        self.train_plot.object = lines_figure(df[df.split == "train"], list(self.train_choice.value),
-                                              "training loss and parts", "value")
-        self.eval_plot.object = lines_figure(df[df.split != "train"], list(self.eval_choice.value), "eval metrics", "value")
+        self.train_plot.object = fit(lines_figure(df[df.split == "train"], list(self.train_choice.value),
+                                              "training loss and parts", "value"))
+        self.eval_plot.object = fit(lines_figure(df[df.split != "train"], list(self.eval_choice.value), "eval metrics", "value"))
     self.refresh_grid(follow=False)
 
 def _tick(self) -> None:
@@ -366,7 +384,7 @@ def _refresh_grid(self, follow: bool) -> None:
             return
     if not self.grid_pair.value:
         self.grid_slider.visible = False
-        self.grid_plot.object = empty_figure("no layer x dim evaluation yet")
+        self.grid_plot.object = fit(empty_figure("no layer x dim evaluation yet"))
         return
     task, metric = self.grid_pair.value.split(" / ")
     steps = sorted(set(g.step[(g.task == task) & (g.metric == metric)].tolist()))
@@ -387,9 +405,9 @@ def _draw_grid(self) -> None:
     at = self._grids[self._grids.step == self.grid_slider.value]
     try:
         fig = plot_grid(at, task, metric)
-        self.grid_plot.object = fig.update_layout(title=f"{fig.layout.title.text} (step {self.grid_slider.value})")
+        self.grid_plot.object = fit(fig.update_layout(title=f"{fig.layout.title.text} (step {self.grid_slider.value})"))
     except ValueError as err:
-        self.grid_plot.object = empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}")
+        self.grid_plot.object = fit(empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}"))
 
 Workbench.refresh_grid, Workbench.draw_grid = _refresh_grid, _draw_grid
 
@@ -409,7 +427,7 @@ def _refresh_snapshots(self, follow: bool) -> None:
     steps = list_snapshots(self.run_dir, name) if (self.run_dir and name) else []
     if not steps:
         self.snap_slider.visible = False
-        self.snap_plot.object = empty_figure("no snapshots in this run" if not name else f"{name}: no snapshots")
+        self.snap_plot.object = fit(empty_figure("no snapshots in this run" if not name else f"{name}: no snapshots"))
         return
     at_end = self.snap_slider.value == (self.snap_slider.options or [None])[-1]
     if steps != list(self.snap_slider.options):
@@ -431,10 +449,10 @@ def _draw_snapshot(self) -> None:
         dims = self.config.get("dims")
         L = a.shape[0] if a.ndim == 2 else 1
         layer = max(-L, min(L - 1, int(self.layer_input.value or -1)))
-        self.snap_plot.object = snapshot_figure(name, a, dims=dims if isinstance(dims, list) else None, layer=layer,
-                                                step=step)
+        self.snap_plot.object = fit(snapshot_figure(name, a, dims=dims if isinstance(dims, list) else None, layer=layer,
+                                                step=step))
     except (OSError, ValueError) as err:
-        self.snap_plot.object = empty_figure(f"{name} at step {step}: cannot read ({type(err).__name__})")
+        self.snap_plot.object = fit(empty_figure(f"{name} at step {step}: cannot read ({type(err).__name__})"))
 
 Workbench.refresh_arrays, Workbench.refresh_snapshots, Workbench.draw_snapshot = _refresh_arrays, _refresh_snapshots, _draw_snapshot
 
@@ -454,13 +472,13 @@ def _refresh_fractal(self) -> None:
 def _draw_steerability(self) -> None:
     choice = self.steer_select.value
     if not choice:
-        self.steer_plot.object = empty_figure("no Fractal result JSON in this run")
+        self.steer_plot.object = fit(empty_figure("no Fractal result JSON in this run"))
         return
     f, cond = choice.split(": ", 1)
     try:
-        self.steer_plot.object = steerability_curves(self._fractal[f], cond)
+        self.steer_plot.object = fit(steerability_curves(self._fractal[f], cond))
     except (KeyError, TypeError, ValueError) as err:
-        self.steer_plot.object = empty_figure(f"{choice}: unreadable ({type(err).__name__})")
+        self.steer_plot.object = fit(empty_figure(f"{choice}: unreadable ({type(err).__name__})"))
 
 Workbench.refresh_fractal, Workbench.draw_steerability = _refresh_fractal, _draw_steerability
 
@@ -489,7 +507,7 @@ def _compare(self) -> None:
     self.draw_compare_curves()
     if df.empty:
         self.cmp_table.object = "<p>Nothing to compare: choose runs and a pattern matching their metric names.</p>"
-        self.cmp_plot.object = empty_figure("nothing to compare")
+        self.cmp_plot.object = fit(empty_figure("nothing to compare"))
         return
     deltas = [c for c in df.columns if str(c).startswith("Δ ")]
     table = df.copy()
@@ -506,14 +524,14 @@ def _compare(self) -> None:
     runs = [c for c in df.columns if c not in deltas]
     top = table.head(30)
     fig = go.Figure([go.Bar(name=r, x=list(top.index), y=top[r]) for r in runs])
-    self.cmp_plot.object = fig.update_layout(barmode="group", title="latest values", height=420, width=900)
+    self.cmp_plot.object = fit(fig.update_layout(barmode="group", title="latest values"))
 
 def _draw_compare_curves(self) -> None:
     "The chosen metric over steps, one line per compared run."
     name = self.cmp_metric.value
     frames = [t.frame({name}).assign(name=run) for run, t in self._cmp_tails.items()] if name else []
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["split", "name", "step", "value"])
-    self.cmp_lines.object = lines_figure(df, list(self._cmp_tails), f"{name} per run" if name else "no metric", "value")
+    self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), f"{name} per run" if name else "no metric", "value"))
 
 def _refresh_compare(self) -> None:
     "Redo the comparison if a compared run appended anything (runs still training stay current)."

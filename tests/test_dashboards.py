@@ -381,7 +381,7 @@ def test_browser_shows_new_step_within_2s(tmp_path):
     write_grid(runs / "live" / "grid.csv")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    with serve(runs, port), chromium_page() as page:
+    with serve(runs, port), chromium_page(1500, 1100) as page:
         page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
         step = page.locator(".ml-step")
         step.wait_for(timeout=60_000)
@@ -392,10 +392,16 @@ def test_browser_shows_new_step_within_2s(tmp_path):
         seen = seconds_to_show(step, runs / "live", 42)
         time.sleep(1.2)                                          # let the curves redraw (at most once a second)
         page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
+        size = lambda: page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        sizes = {"Monitor": size()}
         for tab in ("Snapshots", "Compare", "Grids"):
             page.get_by_text(tab, exact=True).first.click()
             time.sleep(1.5)
             page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
+            sizes[tab] = size()
+        print("page width x height per tab at a 1500 x 1100 window:", sizes)
+        # every tab uses the window: no sideways scrolling, and at most a short scroll down (three figures were 4,700 px)
+        assert all(w <= 1500 and h <= 1500 for w, h in sizes.values()), sizes
         print(f"new step shown {seen:.3f} s after the write")
 
 
