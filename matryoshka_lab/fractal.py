@@ -761,7 +761,8 @@ def run_fractal(model: str | Path = "embedded", data_dir: str | Path | None = No
     base = {k: v for k, v in asdict(cfg0).items() if k not in ("condition", "seed")}
     lv = list(ytr)
     return _jsonable({"dataset": data.name, "model": str(model), "levels": list(data.levels), "n_classes": list(data.n_classes),
-                      "hierarchy": hierarchy_bits(data.train_y), "dims": cfg0.dims, "seeds": seeds, "conditions": conditions, "protocol": protocol,
+                      "hierarchy": hierarchy_bits(data.train_y),
+                      "dims": cfg0.dims, "seeds": seeds, "conditions": conditions, "protocol": protocol,
                       "overrides": protocol_overrides(cfg0), "evaluation": cfg0.evaluation, "config": base,
                       "split": {"val_frac": cfg0.val_frac, "split_seed": cfg0.split_seed, "max_train": cfg0.max_train,
                                 "max_test": cfg0.max_test, "n_train": len(split["train"]), "n_val": len(split["val"]),

@@ -171,7 +171,7 @@ def encode_table(results="results") -> str:
                         f"{r[f'fraction_of_matmul_peak_{prec}']:.0%} of peak; {ops}"}
     alt = r["alternatives_over_default"]
     rows[f"alternatives, throughput / the default (batch {r['batch_size']}; fp32 SDPA, bf16 eager attention)"] = {"measured": "; ".join(
-        f"{name.split('_', 2)[1]} {name.split('_', 2)[2].replace('_', ' ').replace('batch', 'batch ')} {v:.2f}x"
+        f"{name.removeprefix('ours_').replace('_', ' ').replace('batch', 'batch ')} {v:.2f}x"
         for name, v in alt.items())}
     rows["FLOPs added by padding; tokenisation's share of the fp32 pass"] = {
         "measured": f"{r['padding_overhead']:.1%}; {r['tokenize_share_fp32']:.1%}"}
@@ -318,7 +318,6 @@ def fractal_pooled_table(results="results", datasets: str = ",".join(FRACTAL_DAT
                        "Holm p_adj < 0.05": f"{holm_sig}/{len(tab)}",
                        "rho with H(L1\\|L0) (exact p)": f"{r1:+.2f} (p = {p1:.2g})",
                        "rho with H(L1\\|L0) x A_L1 (exact p)": f"{r2:+.2f} (p = {p2:.2g})"}
-    d, lo, hi = PAPER_POOLED["d"]
     (d, lo, hi), (n_pos, n, p_sign) = PAPER_POOLED["d"], PAPER_POOLED["favour"]
     rows["paper (8 datasets)"] = {"pooled d [95% CI]": f"{d:.2f} [{lo:.2f}, {hi:.2f}]",
                                   "favour V5 (sign test p)": f"{n_pos}/{n} (p = {p_sign:.2g})", "Holm p_adj < 0.05": "",
