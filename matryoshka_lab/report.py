@@ -9,19 +9,22 @@ import json
 import re
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 
-from .experiments import STS_TEST, paired_table, read_results, seed_stats
+from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
 from .fractal import PAPER_POOLED, PAPER_S, PAPER_T3, cross_dataset
 
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
-           'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'md_table', 'grid_table', 'vs_mrl_table',
-           'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table',
-           'eval_grid_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
-           'fractal_pooled_table', 'fractal_tests_table', 'render_table', 'fill_tables']
+           'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
+           'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
+           'precision_grid_table', 'eval_grid_table', 'fractal_table', 'fractal_toggles_table',
+           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'render_table', 'fill_tables',
+           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -74,10 +77,24 @@ def _baselines(results, setting: str):
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
 
-def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None) -> str:
-    "Mean ± std over seeds of the mean Spearman x100 over the STS test sets, method x (layer, dim) cell, from results/baselines/SETTING."
+def _tasks(tasks: str, summary: pd.DataFrame) -> list[str]:
+    "'sts': the STS test sets; 'all': every task of the result file; else a comma list, each checked to be present."
+    present = list(dict.fromkeys(summary.task))
+    chosen = list(STS_TEST) if tasks == "sts" else present if tasks == "all" else [t.strip() for t in tasks.split(",")]
+    missing = [t for t in chosen if t not in present]
+    if missing:
+        raise ValueError(f"the result file has no rows for {', '.join(map(repr, missing))}; it has {', '.join(present)}")
+    return chosen
+
+def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None,
+               tasks: str = "sts") -> str:
+    "Mean ± std over seeds of the tasks' mean score x100 in their papers' metric (default: the STS test sets' Spearman), method x (layer, dim) cell, from results/baselines/SETTING."
     summary, meta = _baselines(results, setting)
-    stats = seed_stats(summary, STS_TEST).set_index(["method", "layer", "dim"])
+    chosen = _tasks(tasks, summary)
+    metrics = sorted({task_metric(t) for t in chosen})
+    if len(metrics) > 1:
+        raise ValueError(f"tasks {chosen} are scored in different metrics ({', '.join(metrics)}): a cell averages one")
+    stats = seed_stats(summary, chosen, metrics[0]).set_index(["method", "layer", "dim"])
     rows = {}
     for m in _methods(methods, list(dict.fromkeys(summary.method))):
         row = {}
@@ -91,13 +108,14 @@ def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3
         rows[LABELS.get(m, m)] = row
     return md_table(pd.DataFrame(rows).T.rename_axis("model"))
 
-def vs_mrl_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None) -> str:
-    "Each method minus MRL at each (layer, dim) cell over the matched (seed, STS test set) pairs: 'mean (won/pairs, p=Wilcoxon)'."
+def vs_mrl_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None,
+                 tasks: str = "sts") -> str:
+    "Each method minus MRL at each (layer, dim) cell over the matched (seed, task) pairs, each task in its papers' metric (default: the STS test sets): 'mean (won/pairs, p=Wilcoxon)'."
     summary, _ = _baselines(results, setting)
     present = [m for m in dict.fromkeys(summary.method) if m not in ("mrl", "untrained")]
     chosen, cells = _methods(methods, present), _cells(cells)
     layers, dims = sorted({c[1] for c in cells}), sorted({c[2] for c in cells})
-    paired = paired_table(summary, chosen, tasks=STS_TEST, layers=layers, dims=dims, decimals=1)
+    paired = paired_table(summary, chosen, tasks=_tasks(tasks, summary), layers=layers, dims=dims, decimals=1)
     rows = {LABELS.get(m, m): {name: paired.loc[(m, layer), dim] for name, layer, dim in cells}
             for m in chosen}
     return md_table(pd.DataFrame(rows).T.rename_axis("method - MRL"))
@@ -373,3 +391,99 @@ def fill_tables(text: str, results="results") -> str:
         end = "\n" if m[0].endswith("\n") else ""
         return f"<!-- table: {m[1]}{m[2]} -->\n{render_table(m[1], m[2], results)}{end}"
     return MARKER.sub(fill, text)
+
+# %% ../nbs/21_report.ipynb #21c019
+def _png(fig: Figure, path: Path) -> Path:
+    "Save fig as a PNG without the writer's version stamp (the bytes depend on the data and matplotlib only)."
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    return path
+
+def _label(m: str) -> str:
+    return LABELS.get(m, m).replace("`", "")
+
+def vs_mrl_figure(results="results", setting: str = "angle", methods=None, tasks: str = "sts", ncols: int = 4) -> Figure:
+    "One layer x prefix-dim heatmap per method: its mean score minus MRL's in points (the tasks' mean, then the seeds' mean; blue: ahead of MRL)."
+    summary, _ = _baselines(results, setting)
+    chosen_tasks = _tasks(tasks, summary)
+    metric = task_metric(chosen_tasks[0])
+    st = seed_stats(summary, chosen_tasks, metric)
+    chosen = _methods(methods, [m for m in dict.fromkeys(summary.method) if m not in ("mrl", "untrained")])
+    deltas = {m: delta_table(st, m) for m in chosen}
+    lim = max(float(np.nanmax(np.abs(d.values))) for d in deltas.values()) or 1.0
+    rows, cols = -(-len(chosen) // ncols), min(ncols, len(chosen))
+    fig = Figure(figsize=(2.9 * cols + 1.2, 2.6 * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, (m, d) in zip(axes.flat, deltas.items()):
+        im = ax.imshow(d.values, cmap="RdBu", vmin=-lim, vmax=lim, origin="lower", aspect="auto")
+        ax.set_xticks(range(d.shape[1]), [str(c) for c in d.columns], fontsize=8)
+        ax.set_yticks(range(d.shape[0]), [str(i) for i in d.index], fontsize=8)
+        for (i, j), v in np.ndenumerate(d.values):
+            ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=7, color="white" if abs(v) > 0.6 * lim else "black")
+        ax.set_title(f"{_label(m)} − MRL", fontsize=9)
+        ax.set_xlabel("prefix dim", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+    for ax in list(axes.flat)[len(chosen):]:
+        ax.set_axis_off()
+    fig.colorbar(im, ax=axes, shrink=0.8, label=f"{metric} x100, method − MRL")
+    what = "STS test sets" if tasks == "sts" else ", ".join(chosen_tasks)
+    fig.suptitle(f"`{setting}` setting: each method minus MRL ({what}, mean over seeds)", fontsize=10)
+    return fig
+
+def steerability_figure(results="results", dataset: str = "clinc150", evaluation: str | None = None,
+                        conditions=("v5", "mrl")) -> Figure:
+    "Per hierarchy level, k-NN accuracy against prefix length for each condition of the Fractal authors-protocol file (mean ± std over seeds)."
+    res = _fractal_file(results, dataset, "authors")
+    if res is None:
+        raise ValueError(f"no result file {str(Path(results) / 'fractal' / dataset / 'authors.json')!r}: "
+                         f"run `python experiments/fractal_protocols.py authors --dataset {dataset}`")
+    evaluation = evaluation or res["evaluation"]
+    dims, levels = res["dims"], res["levels"]
+    fig = Figure(figsize=(4.2 * len(levels), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(levels), squeeze=False)[0]
+    for ax, (i, level) in zip(axes, enumerate(levels)):
+        for cond, colour in zip(conditions, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+            acc = np.array([r["acc_by_eval"][evaluation][f"L{i}"] for r in res["runs"] if r["condition"] == cond]) * 100
+            if not len(acc):
+                raise ValueError(f"{dataset}: no {cond!r} runs; the file has {', '.join(res['conditions'])}")
+            mean, sd = acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else np.zeros(len(dims))
+            ax.plot(dims, mean, "o-", color=colour, label=f"{cond.upper() if cond == 'v5' else _label(cond)} ({len(acc)} seeds)")
+            ax.fill_between(dims, mean - sd, mean + sd, color=colour, alpha=0.2)
+        ax.set_title(f"L{i}: {level} ({res['n_classes'][i]} classes)", fontsize=10)
+        ax.set_xticks(dims)
+        ax.set_xlabel("prefix dim")
+        ax.set_ylabel(f"k-NN accuracy, % ({evaluation})")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{dataset}: steerability, per-level accuracy by prefix length", fontsize=10)
+    return fig
+
+def step_time_figure(results="results") -> Figure:
+    "The step-time ratios of results/bench/step_time.json as bars, each with its goal (a ratio at or under its goal meets it)."
+    result = _result_file(results, "bench", "step_time.json",
+                          command="python bench/step_time.py --out results/bench/step_time.json")["result"]
+    keys = [k for k in STEP_TIME_GOALS if k in result]
+    names = [STEP_TIME_GOALS[k][0].replace("`", "") for k in keys]
+    fig = Figure(figsize=(9, 0.42 * len(keys) + 1.2), layout="constrained")
+    ax = fig.subplots()
+    y = np.arange(len(keys))[::-1]
+    ax.barh(y, [result[k] for k in keys], color=["tab:green" if result[k] <= STEP_TIME_GOALS[k][1] else "tab:red" for k in keys])
+    ax.scatter([STEP_TIME_GOALS[k][1] for k in keys], y, marker="|", s=300, color="black", label="goal")
+    for yi, k in zip(y, keys):
+        ax.text(max(result[k], STEP_TIME_GOALS[k][1]) + 0.03, yi, f"{result[k]:.3f}", va="center", fontsize=8)
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xlabel("step-time ratio (median s per step, measured side by side)")
+    ax.set_title("Step time: green meets its goal, red does not", fontsize=10)
+    ax.set_xlim(0, max(max(result[k] for k in keys), max(STEP_TIME_GOALS[k][1] for k in keys)) * 1.25)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+FIGURES = {"vs_mrl_angle": (vs_mrl_figure, dict(setting="angle", methods="2dmse,ese,mipic,mic")),
+           "steerability_clinc150": (steerability_figure, dict(dataset="clinc150")),
+           "step_time": (step_time_figure, {})}
+
+def write_figures(results="results", out=None) -> list[Path]:
+    "Every figure of FIGURES drawn from the result files under `results` into OUT/NAME.png (default RESULTS/figures), with OUT/meta.json naming the matplotlib that drew them."
+    out = Path(out) if out is not None else Path(results) / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    written = [_png(make(results, **kwargs), out / f"{name}.png") for name, (make, kwargs) in FIGURES.items()]
+    (out / "meta.json").write_text(json.dumps({"matplotlib": matplotlib.__version__, "figures": sorted(FIGURES)}, indent=1) + "\n")
+    return written

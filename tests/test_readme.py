@@ -1,7 +1,7 @@
 """README.md is nbs/index.ipynb rendered; its Quick start holds exactly the two commands CI runs; its marked tables
 are those the committed result files give (matryoshka_lab.report.fill_tables).
 
-    python tests/test_readme.py     # regenerate the marked tables in nbs/index.ipynb, then rewrite README.md from it
+    python tests/test_readme.py     # regenerate the marked tables in nbs/index.ipynb and results/figures, then rewrite README.md
 """
 import json
 import re
@@ -73,7 +73,17 @@ def test_quick_start_has_the_two_commands_ci_runs():
     assert "quick_start_commands" in (ROOT / ".ci" / "run").read_text(), ".ci/run must run the README's commands"
 
 
+def test_readme_links_every_figure():
+    "Every image the README shows is a committed figure, and every figure report.FIGURES draws is shown."
+    from matryoshka_lab.report import FIGURES
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert [p for p in linked if not (ROOT / p).is_file()] == [], linked
+    assert sorted(f"results/figures/{name}.png" for name in FIGURES) == sorted(p for p in linked if p.startswith("results/figures/"))
+
+
 if __name__ == "__main__":
+    from matryoshka_lab.report import write_figures
     print(f"regenerated the tables of {refresh_index_tables()} cells of nbs/index.ipynb")
+    print(f"drew {len(write_figures(RESULTS))} figures into results/figures")
     (ROOT / "README.md").write_text(render_index(), encoding="utf-8")
     print("wrote README.md")
