@@ -485,6 +485,34 @@ def test_notebook_shows_new_step_within_2s(tmp_path):
         print(f"new step shown in the notebook {seen:.3f} s after the write")
 
 
+RESULT_NOTEBOOK = "21_report.ipynb"     # committed with its outputs (experiments/notebooks.py)
+
+
+def test_results_notebook_shows_outputs_unexecuted(tmp_path):
+    "JupyterLab opens a committed results notebook and, without running a cell, shows its tables and figures."
+    browser_or_skip()
+    nb = json.loads((ROOT / "nbs" / RESULT_NOTEBOOK).read_text(encoding="utf-8"))
+    outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    images = sum("image/png" in o.get("data", {}) for o in outputs)
+    tables = sum("".join(o.get("data", {}).get("text/markdown", "")).startswith("|") for o in outputs)
+    assert images >= 3 and tables >= 10, f"{RESULT_NOTEBOOK} has {images} figures and {tables} tables: run experiments/notebooks.py"
+    shutil.copy(ROOT / "nbs" / RESULT_NOTEBOOK, tmp_path / RESULT_NOTEBOOK)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page(1500, 1100) as page:
+        page.goto(f"http://127.0.0.1:{port}/lab/tree/{RESULT_NOTEBOOK}?token=t", timeout=120_000)
+        page.locator(".jp-OutputArea-output img").first.wait_for(timeout=120_000)
+        shown_images = page.locator(".jp-OutputArea-output img").count()
+        shown_tables = page.locator(".jp-OutputArea-output table").count()
+        figure = page.locator(".jp-OutputArea-output img").first
+        figure.scroll_into_view_if_needed()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=figure.element_handle(), timeout=30_000)
+        time.sleep(1.5)                                          # the cells scrolled into view finish drawing
+        page.screenshot(path=str(ARTIFACTS / "results_notebook.png"), full_page=False)
+    # JupyterLab renders cells lazily (windowing): what is on screen shows, the rest as it scrolls in
+    assert shown_images >= 1 and shown_tables >= 1, (shown_images, shown_tables)
+
+
 def tutorial_module(folder: Path) -> str:
     "The tutorial's own method module (nbs/22_your_method.ipynb, its %%writefile cell) written into folder/my_methods."
     nb = json.loads((ROOT / "nbs" / "22_your_method.ipynb").read_text(encoding="utf-8"))

@@ -1,8 +1,11 @@
-"""The notebooks are the source: each runs top to bottom (nbdev_test), and exporting them changes nothing."""
+"""The notebooks are the source: each runs top to bottom (nbdev_test), exporting them changes nothing, and the results
+notebooks' committed outputs are what they print."""
 import filecmp
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +42,20 @@ def test_library_matches_notebooks(tmp_path):
     assert res.returncode == 0, res.stderr
     assert _diff(ROOT / "matryoshka_lab", tmp_path / "matryoshka_lab") == [], \
         "matryoshka_lab/ differs from what nbdev_export writes: edit the notebooks, run nbdev_export, commit both"
+
+
+def test_results_notebooks_outputs_reproduce():
+    "The results notebooks are committed with outputs, and re-executing them on the committed result files changes none."
+    data = shared_data_dir()
+    if data is None:
+        pytest.skip("the committed outputs are those of the real data: set MATRYOSHKA_LAB_DATA")
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from notebooks import RESULT_NOTEBOOKS
+    for name in RESULT_NOTEBOOKS:
+        nb = json.loads((ROOT / "nbs" / name).read_text(encoding="utf-8"))
+        assert any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), \
+            f"nbs/{name} has no outputs: run `python experiments/notebooks.py`"
+    res = subprocess.run([sys.executable, "experiments/notebooks.py", "--check", "--data", str(data)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1800)
+    print(res.stdout)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
