@@ -26,15 +26,15 @@ from .eval import knn_grid
 
 # %% auto #0
 __all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'PAPER_S',
-           'PAPER_T3', 'PAPER_POOLED', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy',
-           'steerability', 'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics',
-           'localisation', 'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody',
-           'FractalHead', 'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step',
-           'FractalConfig', 'fractal_config', 'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids',
-           'train_head', 'encode_levels', 'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data',
-           'seed_split', 'fractal_seeds', 'run_condition', 'entropy_bits', 'conditional_entropy_bits', 'hierarchy_bits',
-           'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse', 'add_parent_level', 'synthetic_sweep',
-           'quadratic_fit']
+           'PAPER_T3', 'PAPER_POOLED', 'PAPER_T5', 'PAPER_T5_FIT', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy',
+           'loo_knn_accuracy', 'steerability', 'steerability_auc', 'steerability_mono', 'steerability_gap',
+           'steerability_metrics', 'localisation', 'Supervision', 'swap_levels', 'interpolated_levels', 'supervision',
+           'AuthorsBody', 'FractalHead', 'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows',
+           'fractal_step', 'FractalConfig', 'fractal_config', 'protocol_overrides', 'project', 'prefix_views',
+           'loo_grid', 'eval_grids', 'train_head', 'encode_levels', 'stratified_split', 'backbone_vectors',
+           'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds', 'run_condition', 'entropy_bits',
+           'conditional_entropy_bits', 'hierarchy_bits', 'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse',
+           'add_parent_level', 'synthetic_sweep', 'quadratic_fit', 'fmt', 'mean_sd', 'table5', 'capacity_table']
 
 # %% ../nbs/15_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -893,3 +893,37 @@ PAPER_T3 = {"goemotions": (1.88, 0.020, 0.006), "20newsgroups": (1.88, 0.035, 0.
             "arxiv": (2.62, 0.027, -0.001), "clinc150": (3.90, 0.150, 0.007), "wos": (5.05, 0.038, None)}  # Table 3: H(L1|L0), V5 S, MRL S
 PAPER_POOLED = {"d": (1.49, 0.69, 2.30), "favour": (8, 8, 0.004),          # Sec. 4 "Pooled evidence": d [CI]; n_pos, n, sign p
                 "rho_H": (0.74, 0.035), "rho_H_acc": (0.90, 0.002)}            # Sec. 6: Spearman rho, p
+
+# %% ../nbs/15_fractal.ipynb #r22a
+def fmt(mean: float, sd: float | None = None) -> str:
+    "'+m ± sd' with 3 decimals, '+m' without a finite sd."
+    return f"{mean:+.3f} ± {sd:.3f}" if sd is not None and np.isfinite(sd) else f"{mean:+.3f}"
+
+def mean_sd(values) -> str:
+    "fmt of the values' mean and SD (ddof 1; no SD for one value, '' for none)."
+    v = np.asarray(list(values), dtype=np.float64)
+    return fmt(v.mean(), v.std(ddof=1) if len(v) > 1 else None) if len(v) else ""
+
+PAPER_T5 = {2: (0.134, -0.010), 3: (0.150, 0.008), 5: (0.216, 0.002), 10: (0.270, -0.012), 15: (0.278, -0.004),
+            25: (0.266, -0.018), 50: (0.252, 0.010), 75: (0.232, -0.016)}
+PAPER_T5_FIT = {"r2": 0.964, "vertex_bits": (3.6, 4.0)}   # Sec. 5.4: the quadratic fit of V5's S on H(L0), its peak
+def table5(synth: pd.DataFrame, ev: str | None = None) -> tuple[pd.DataFrame, dict]:
+    "Table 5 from synthetic_sweep's rows: H(L0), H(L1|L0), V5 and MRL S (mean, SD over seeds) per K0 under evaluation ev (default the headline S), the paper's; and the quadratic fit of V5 S vs H(L0)."
+    col = "S" if ev is None else f"S[{ev}]"
+    t5 = synth.pivot_table(index="K0", columns="condition", values=col, aggfunc=["mean", "std"])
+    t5.columns = [f"{c} S {a}" for a, c in t5.columns]
+    t5.insert(0, "H(L0)", synth.groupby("K0").H_L0.mean()); t5.insert(1, "H(L1|L0)", synth.groupby("K0").H_L1_given_L0.mean())
+    t5["gap"] = t5["v5 S mean"] - t5["mrl S mean"]
+    t5["paper V5 / MRL"] = [" / ".join(f"{x:+.3f}" for x in PAPER_T5[k]) if k in PAPER_T5 else "" for k in t5.index]
+    v5 = synth[synth.condition == "v5"]
+    return t5, quadratic_fit(v5.H_L0, v5[col])
+
+def capacity_table(rows: pd.DataFrame, ev: str) -> tuple[pd.DataFrame, dict]:
+    "Fig. 6 under evaluation ev: mean ± SD of S per condition and d_s; V5's peak d_s and V5 at the smallest d_s minus at 64, paired by seed."
+    from scipy.stats import ttest_rel
+    col = f"S[{ev}]"
+    tab = rows.groupby(["condition", "d_s"])[col].agg(mean_sd).unstack("d_s")
+    v5 = rows[rows.condition == "v5"].pivot_table(index="seed", columns="d_s", values=col)
+    small, default = v5[v5.columns.min()], v5[64]
+    return tab, {"peak": int(v5.mean().idxmax()), "diff": float((small - default).mean()),
+                 "p": float(ttest_rel(small, default).pvalue), "n": len(v5)}

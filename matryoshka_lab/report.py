@@ -16,15 +16,17 @@ from matplotlib.figure import Figure
 
 from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
-from .fractal import PAPER_POOLED, PAPER_S, PAPER_T3, cross_dataset
+from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_table, cross_dataset, fmt,
+                                    table5)
 
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
            'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
            'precision_grid_table', 'eval_grid_table', 'fractal_table', 'fractal_toggles_table',
-           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'render_table', 'fill_tables',
-           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'write_figures']
+           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
+           'fractal_synthetic_table', 'fractal_capacity_table', 'render_table', 'fill_tables', 'vs_mrl_figure',
+           'steerability_figure', 'step_time_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -366,11 +368,62 @@ def fractal_tests_table(results="results", dataset: str = "clinc150") -> str:
             rows[label][f"V5 - {FRACTAL_CONDITIONS[c]} (p)"] = f"{tt['mean_diff']:+.3f} (p = {tt['p']:.2g})"
     return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, {len(v5_seeds)} seeds, evaluation"))
 
+def _fractal_rows(results, dataset: str, name: str, command: str) -> pd.DataFrame:
+    "The per-run rows of a study file (authors_synthetic, authors_capacity) of results/fractal/DATASET."
+    return pd.DataFrame(_result_file(results, "fractal", dataset, f"{name}.json", command=command)["rows"])
+
+def fractal_runs_table(results="results", dataset: str = "clinc150",
+                       files: str = "authors,authors_lr1e-03,authors_lr1e-02,authors_3level") -> str:
+    "Per result file of the authors' protocol: its levels and head lr, V5's and MRL's S (mean ± SD under the authors' evaluation / means under the others; S_02 with three levels) and the paired t-test p of V5 - MRL under each."
+    rows = {}
+    for name in (f.strip() for f in files.split(",")):
+        res = _fractal_file(results, dataset, name)
+        if res is None:
+            raise ValueError(f"no result file {str(Path(results) / 'fractal' / dataset / name)!r}.json: "
+                             f"run experiments/fractal_protocols.py (main or more --only {name}) --dataset {dataset}")
+        rows[f"`{name}`"] = {"levels": " -> ".join(f"{lv} ({n})" for lv, n in zip(res["levels"], res["n_classes"])),
+                             "head lr": f"{res['config']['lr']:g}", "seeds": len(res["seeds"]),
+                             "V5 S": _s_cell(_s_values(res, "v5")), "MRL S": _s_cell(_s_values(res, "mrl")),
+                             "V5 - MRL, p": " / ".join(f"{res['stats_by_eval'][ev]['v5_vs_mrl']['p']:.2g}"
+                                                        for ev in FRACTAL_EVALUATIONS)}
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, file"))
+
+def fractal_synthetic_table(results="results", dataset: str = "clinc150", evaluation: str = "loo500") -> str:
+    "Table 5 from authors_synthetic.json: per K0 (random coarse classes), H(L0), V5's and MRL's S (mean ± SD over seeds) under `evaluation` and the paper's; last, the quadratic fit of V5's S on H(L0)."
+    rows = _fractal_rows(results, dataset, "authors_synthetic",
+                         f"python experiments/fractal_protocols.py more --dataset {dataset} --only authors_synthetic")
+    t5, fit = table5(rows, evaluation)
+    table = pd.DataFrame({"H(L0), bits": [f"{h:.2f}" for h in t5["H(L0)"]],
+                          "V5 S": [fmt(m, s) for m, s in zip(t5["v5 S mean"], t5["v5 S std"])],
+                          "MRL S": [fmt(m, s) for m, s in zip(t5["mrl S mean"], t5["mrl S std"])],
+                          "paper V5 / MRL": t5["paper V5 / MRL"].tolist()}, index=[str(k) for k in t5.index])
+    lo, hi = PAPER_T5_FIT["vertex_bits"]
+    table.loc["quadratic fit of V5's S on H(L0)"] = ["", f"R^2 = {fit['r2']:.3f}", f"vertex at {fit['vertex']:.2f} bits",
+                                                     f"R^2 = {PAPER_T5_FIT['r2']}, peak at {lo}-{hi} bits"]
+    return md_table(table.rename_axis(f"{dataset}, K0 ({rows.seed.nunique()} seeds, {evaluation})"))
+
+def fractal_capacity_table(results="results", datasets: str = "clinc150,trec") -> str:
+    "Fig. 6 from each dataset's authors_capacity.json: V5's and MRL's S per block size d_s under the authors' evaluation (mean ± SD over seeds); then per evaluation V5's peak d_s and V5 at the smallest d_s minus at 64 (paired t p)."
+    cols = {}
+    for dataset in (d.strip() for d in datasets.split(",")):
+        rows = _fractal_rows(results, dataset, "authors_capacity",
+                             f"python experiments/fractal_protocols.py more --dataset {dataset} --only authors_capacity")
+        first, *_ = FRACTAL_EVALUATIONS
+        tab, _ = capacity_table(rows, first)
+        peaks = [capacity_table(rows, ev)[1] for ev in FRACTAL_EVALUATIONS]
+        for c, label in (("v5", "V5"), ("mrl", "MRL")):
+            cols[f"{dataset} {label}"] = {**{str(d): tab.loc[c, d] for d in tab.columns},
+                                          "peak d_s (each evaluation)": " / ".join(str(p["peak"]) for p in peaks) if c == "v5" else "",
+                                          f"{int(tab.columns.min())} - 64, p (each evaluation)":
+                                              " / ".join(f"{p['diff']:+.3f} (p = {p['p']:.2g})" for p in peaks) if c == "v5" else ""}
+    return md_table(pd.DataFrame(cols).rename_axis("d_s"))
+
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
           "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table,
-          "fractal_tests": fractal_tests_table, "demo": demo_table,
+          "fractal_tests": fractal_tests_table, "fractal_runs": fractal_runs_table,
+          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
