@@ -26,7 +26,7 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACT
            'precision_grid_table', 'eval_grid_table', 'fractal_table', 'fractal_toggles_table',
            'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
            'fractal_synthetic_table', 'fractal_capacity_table', 'render_table', 'fill_tables', 'vs_mrl_figure',
-           'steerability_figure', 'step_time_figure', 'write_figures']
+           'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -529,9 +529,33 @@ def step_time_figure(results="results") -> Figure:
     ax.legend(fontsize=8, loc="lower right")
     return fig
 
+def spectra_figure(results="results", dims=(16, 32, 64, 128, 256)) -> Figure:
+    "results/eval/spectra.json: each model's per-dimension variance of its last-layer embeddings in dimension order, and the share of the total variance its first d dims hold (the MRL prefixes marked)."
+    res = _result_file(results, "eval", "spectra.json", command="python experiments/spectra.py --runs RUNS")
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for method, model in res["models"].items():
+        v = np.asarray(model["variance"])
+        left.plot(np.arange(1, len(v) + 1), v, lw=0.8, label=_label(method))
+        right.plot(np.arange(1, len(v) + 1), np.cumsum(v) / v.sum(), lw=1.2, label=_label(method))
+    right.plot([1, len(v)], [1 / len(v), 1], color="grey", lw=0.8, ls=":", label="equal variance per dim")
+    for ax in (left, right):
+        for d in dims:
+            ax.axvline(d, color="grey", lw=0.5, ls="--")
+        ax.set_xlabel("dimension (prefix length)")
+        ax.legend(fontsize=8)
+    left.set_ylabel("variance over sentences")
+    left.set_title("per-dimension variance", fontsize=10)
+    right.set_ylabel("share of the total variance")
+    right.set_title("variance held by the first d dimensions", fontsize=10)
+    fig.suptitle(f"{res['task']}: {res['sentences']} sentences, last layer, seed {res['seed']} "
+                 f"({next(iter(m['config'] for m in res['models'].values() if 'train_task' in m['config']))['train_task']})",
+                 fontsize=10)
+    return fig
+
 FIGURES = {"vs_mrl_angle": (vs_mrl_figure, dict(setting="angle", methods="2dmse,ese,mipic,mic")),
            "steerability_clinc150": (steerability_figure, dict(dataset="clinc150")),
-           "step_time": (step_time_figure, {})}
+           "step_time": (step_time_figure, {}), "spectra_mipic": (spectra_figure, {})}
 
 def write_figures(results="results", out=None) -> list[Path]:
     "Every figure of FIGURES drawn from the result files under `results` into OUT/NAME.png (default RESULTS/figures), with OUT/meta.json naming the matplotlib that drew them."
