@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
+from .routing import PAPER_ROUTING, crossover, routing_gain
 from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_table, cross_dataset, fmt,
                                     table5)
 
@@ -25,8 +26,8 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACT
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
            'precision_grid_table', 'eval_grid_table', 'fractal_table', 'fractal_toggles_table',
            'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
-           'fractal_synthetic_table', 'fractal_capacity_table', 'render_table', 'fill_tables', 'vs_mrl_figure',
-           'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'fractal_synthetic_table', 'fractal_capacity_table', 'routing_table', 'render_table', 'fill_tables',
+           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -418,12 +419,32 @@ def fractal_capacity_table(results="results", datasets: str = "clinc150,trec") -
                                               " / ".join(f"{p['diff']:+.3f} (p = {p['p']:.2g})" for p in peaks) if c == "v5" else ""}
     return md_table(pd.DataFrame(cols).rename_axis("d_s"))
 
+def routing_table(results="results", dataset: str = "clinc150", alpha: float = 0.5) -> str:
+    "Workload-adaptive routing (routing.crossover, routing_gain) on authors.json's V5 and MRL grids under each evaluation: the coarse share where V5 routed overtakes MRL at full width, and at a mix of `alpha` coarse queries both accuracies and V5's paired gain; the paper's."
+    res = _fractal_file(results, dataset, "authors")
+    if res is None:
+        raise ValueError(f"no results/fractal/{dataset}/authors.json: run experiments/fractal_protocols.py main --dataset {dataset}")
+    rows = {}
+    for ev, label in FRACTAL_EVALUATIONS.items():
+        under = {**res, "runs": [{**r, "acc": r["acc_by_eval"][ev]} for r in res["runs"]]}
+        x, g = crossover(under), routing_gain(under, alpha)
+        rows[label] = {"crossover": "never" if x is None else f"{x:.3f}",
+                       "V5 routed": f"{100 * g['adaptive_acc']:.2f} % at {g['adaptive_dims']:g} dims",
+                       "MRL full": f"{100 * g['baseline_acc']:.2f} % at {g['baseline_dims']:g} dims",
+                       "gain, pp (paired over seeds)": f"{100 * g['gain_mean']:+.2f} ± {100 * g['gain_sd']:.2f}"}
+    if dataset == "clinc150":
+        d_v5, d_mrl = PAPER_ROUTING["dims_50_50"]
+        rows["paper (Sec. 7)"] = {"crossover": f"{PAPER_ROUTING['crossover']:.2f}", "V5 routed": f"at {d_v5} dims",
+                                  "MRL full": f"at {d_mrl} dims", "gain, pp (paired over seeds)": f"{PAPER_ROUTING['gain_50_50_pp']:+.1f}"}
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, {len(res['seeds'])} seeds, coarse share {alpha:g}, evaluation"))
+
 # %% ../nbs/21_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
           "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table,
           "fractal_tests": fractal_tests_table, "fractal_runs": fractal_runs_table,
-          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "demo": demo_table,
+          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table,
+          "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)

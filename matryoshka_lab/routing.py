@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['POLICIES', 'mixed_accuracy', 'routing_curve', 'routing_summary', 'crossover', 'routing_gain', 'plot_routing',
-           'unit_prefix', 'build_index', 'sample_rows', 'faiss_latency', 'latency_table']
+__all__ = ['POLICIES', 'PAPER_ROUTING', 'mixed_accuracy', 'routing_curve', 'routing_summary', 'crossover', 'routing_gain',
+           'plot_routing', 'unit_prefix', 'build_index', 'sample_rows', 'faiss_latency', 'latency_table']
 
 # %% ../nbs/17_routing.ipynb #17c006
 def _alpha(alpha) -> np.ndarray:
@@ -111,6 +111,9 @@ def routing_gain(result: dict, alpha: float = 0.5, adaptive: str = "v5", baselin
             "gain_mean": float(diff.mean()), "gain_sd": float(diff.std(ddof=1)) if len(diff) > 1 else float("nan"),
             "n_seeds": len(diff), "adaptive_dims": float(a.avg_dims.iloc[0]), "baseline_dims": float(b.avg_dims.iloc[0]),
             "dim_saving": float(1 - a.avg_dims.iloc[0] / b.avg_dims.iloc[0])}
+
+# %% ../nbs/17_routing.ipynb #17c013p
+PAPER_ROUTING = {"crossover": 0.35, "gain_50_50_pp": 1.3, "dims_50_50": (160, 256)}   # Sec. 7 (CLINC, 5 seeds)
 
 # %% ../nbs/17_routing.ipynb #17c017
 _COLORS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14))
