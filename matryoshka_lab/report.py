@@ -89,15 +89,19 @@ def _tasks(tasks: str, summary: pd.DataFrame) -> list[str]:
         raise ValueError(f"the result file has no rows for {', '.join(map(repr, missing))}; it has {', '.join(present)}")
     return chosen
 
+def _one_metric(tasks: list[str]) -> str:
+    "The papers' metric the tasks share (a cell that averages tasks averages one metric)."
+    metrics = sorted({task_metric(t) for t in tasks})
+    if len(metrics) > 1:
+        raise ValueError(f"tasks {tasks} are scored in different metrics ({', '.join(metrics)}): a cell averages one")
+    return metrics[0]
+
 def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None,
                tasks: str = "sts") -> str:
     "Mean ± std over seeds of the tasks' mean score x100 in their papers' metric (default: the STS test sets' Spearman), method x (layer, dim) cell, from results/baselines/SETTING."
     summary, meta = _baselines(results, setting)
     chosen = _tasks(tasks, summary)
-    metrics = sorted({task_metric(t) for t in chosen})
-    if len(metrics) > 1:
-        raise ValueError(f"tasks {chosen} are scored in different metrics ({', '.join(metrics)}): a cell averages one")
-    stats = seed_stats(summary, chosen, metrics[0]).set_index(["method", "layer", "dim"])
+    stats = seed_stats(summary, chosen, _one_metric(chosen)).set_index(["method", "layer", "dim"])
     rows = {}
     for m in _methods(methods, list(dict.fromkeys(summary.method))):
         row = {}
@@ -479,7 +483,7 @@ def vs_mrl_figure(results="results", setting: str = "angle", methods=None, tasks
     "One layer x prefix-dim heatmap per method: its mean score minus MRL's in points (the tasks' mean, then the seeds' mean; blue: ahead of MRL)."
     summary, _ = _baselines(results, setting)
     chosen_tasks = _tasks(tasks, summary)
-    metric = task_metric(chosen_tasks[0])
+    metric = _one_metric(chosen_tasks)
     st = seed_stats(summary, chosen_tasks, metric)
     chosen = _methods(methods, [m for m in dict.fromkeys(summary.method) if m not in ("mrl", "untrained")])
     deltas = {m: delta_table(st, m) for m in chosen}
