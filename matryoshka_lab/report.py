@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
-from .routing import PAPER_ROUTING, crossover, routing_gain
+from .routing import PAPER_ROUTING, crossover, routing_gain, under_evaluation
 from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_table, cross_dataset, fmt,
                                     table5)
 
@@ -430,7 +430,7 @@ def routing_table(results="results", dataset: str = "clinc150", alpha: float = 0
         raise ValueError(f"no results/fractal/{dataset}/authors.json: run experiments/fractal_protocols.py main --dataset {dataset}")
     rows = {}
     for ev, label in FRACTAL_EVALUATIONS.items():
-        under = {**res, "runs": [{**r, "acc": r["acc_by_eval"][ev]} for r in res["runs"]]}
+        under = under_evaluation(res, ev)
         x, g = crossover(under), routing_gain(under, alpha)
         rows[label] = {"crossover": "never" if x is None else f"{x:.3f}",
                        "V5 routed": f"{100 * g['adaptive_acc']:.2f} % at {g['adaptive_dims']:g} dims",

@@ -12,7 +12,8 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['POLICIES', 'PAPER_ROUTING', 'mixed_accuracy', 'routing_curve', 'routing_summary', 'crossover', 'routing_gain',
-           'plot_routing', 'unit_prefix', 'build_index', 'sample_rows', 'faiss_latency', 'latency_table']
+           'under_evaluation', 'plot_routing', 'unit_prefix', 'build_index', 'sample_rows', 'faiss_latency',
+           'latency_table']
 
 # %% ../nbs/17_routing.ipynb #17c006
 def _alpha(alpha) -> np.ndarray:
@@ -114,6 +115,10 @@ def routing_gain(result: dict, alpha: float = 0.5, adaptive: str = "v5", baselin
 
 # %% ../nbs/17_routing.ipynb #17c013p
 PAPER_ROUTING = {"crossover": 0.35, "gain_50_50_pp": 1.3, "dims_50_50": (160, 256)}   # Sec. 7 (CLINC, 5 seeds)
+
+def under_evaluation(result: dict, evaluation: str) -> dict:
+    "A run_fractal result with every run's accuracy grid taken under one of its evaluations (run_fractal keeps all of them)."
+    return {**result, "runs": [{**r, "acc": r["acc_by_eval"][evaluation]} for r in result["runs"]]}
 
 # %% ../nbs/17_routing.ipynb #17c017
 _COLORS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14))
