@@ -1,6 +1,7 @@
 """FAISS query latency per prefix length (fractal_embeddings.txt Table 9), measured side by side in one run.
 
     python bench/faiss_latency.py [--vectors FILE.npy] [--n-flat 10000] [--n-hnsw 100000] [--n-queries 1000] [--rounds 5]
+                                  [--out results/bench/faiss_latency.json]
 
 For every prefix length d in --dims, a Flat inner-product index of --n-flat rows and an HNSW index of --n-hnsw rows
 over the unit d-prefixes of the vectors (matryoshka_lab.routing.faiss_latency). Every round times each (index, d)
@@ -8,13 +9,19 @@ once, in rotating order, so the machine's drift hits all alike; each figure is t
 both one query per search call and one batched call. Without --vectors the vectors are random Gaussian (256 dims):
 Flat search cost depends only on n and d, HNSW's also on the data through the graph walk. Rows are resampled with
 noise when the file has fewer than the index needs. The paper's sizes take minutes (HNSW construction); use e.g.
---n-hnsw 5000 for a quick check. The last line is one JSON object with the ratios latency(full) / latency(d).
+--n-hnsw 5000 for a quick check. The last line is one JSON object with the ratios latency(full) / latency(d); --out
+also writes every (index, dim) row with what made it (the README's and nbs/17_routing.ipynb's Table 9 read that file).
 """
 import argparse
 import json
+import os
+import shlex
+import sys
+from pathlib import Path
 
 import numpy as np
 
+from matryoshka_lab.core import provenance
 from matryoshka_lab.routing import faiss_latency, latency_table
 
 
@@ -32,7 +39,9 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="FAISS OpenMP threads during the measurement")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="also write the rows with their provenance to this JSON file")
     args = p.parse_args()
+    made = provenance("python bench/faiss_latency.py " + shlex.join(sys.argv[1:]))   # the code that runs: its commit now
     dims = [int(d) for d in args.dims.split(",")]
     if args.vectors:
         vectors = np.load(args.vectors).astype(np.float32)
@@ -60,6 +69,12 @@ def main():
               "batch_latency_us": {f"{r['index']}_{r['dim']}": round(float(r["batch_latency_us"]), 2) for _, r in df.iterrows()},
               "recall_at_1": {f"hnsw_{r['dim']}": round(float(r["recall_at_1"]), 4) for _, r in df[df["index"] == "hnsw"].iterrows()}}
     print(json.dumps(result))
+    if args.out:
+        record = {**made, "machine": f"{os.cpu_count()} CPU cores", "vectors": args.vectors or "Gaussian",
+                  "settings": {**df.attrs, "n_flat": args.n_flat, "n_hnsw": args.n_hnsw, "seed": args.seed},
+                  "rows": json.loads(df.round(4).to_json(orient="records"))}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

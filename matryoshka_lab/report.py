@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
-from .routing import PAPER_ROUTING, crossover, routing_gain, under_evaluation
+from .routing import PAPER_ROUTING, PAPER_TABLE9, crossover, routing_gain, under_evaluation
 from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_table, cross_dataset, fmt,
                                     table5)
 
@@ -24,7 +24,7 @@ from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_ta
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
            'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
-           'precision_grid_table', 'eval_grid_table', 'fractal_table', 'fractal_toggles_table',
+           'precision_grid_table', 'eval_grid_table', 'faiss_table', 'fractal_table', 'fractal_toggles_table',
            'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
            'fractal_synthetic_table', 'fractal_capacity_table', 'routing_table', 'render_table', 'fill_tables',
            'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
@@ -236,6 +236,22 @@ def eval_grid_table(results="results") -> str:
             f"{r['naive_vs_grid_max_abs_diff']:.2g})": {"measured": f"{r['naive_over_grid']:.0f}x"},
             "plain forward throughput (sentences/s)": {"measured": f"{r['forward_sentences_per_s']:.0f}"}}
     return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(f"{r['n_sentences']} distinct STS sentences"))
+
+def faiss_table(results="results") -> str:
+    "Table 9 from results/bench/faiss_latency.json: per prefix length, each index's latency per query (us; one query per call, then batched) and speedup over the full width, HNSW's recall@1 against exact search; the paper's where its dims match."
+    r = _result_file(results, "bench", "faiss_latency.json", command="python bench/faiss_latency.py --out results/bench/faiss_latency.json")
+    rows, s = {}, r["settings"]
+    for kind, g in pd.DataFrame(r["rows"]).groupby("index", sort=False):
+        name = f"{'Flat' if kind == 'flat' else 'HNSW'} n={int(g.n.iloc[0]):,}"
+        for d, us, speedup, batch, recall in zip(g.dim, g.latency_us, g.speedup_vs_full, g.batch_latency_us, g.recall_at_1):
+            row = rows.setdefault(f"{d}d", {})
+            row |= {f"{name}: us (speedup)": f"{us:.0f} ({speedup:.2f}x)", f"{name}: batched us": f"{batch:.1f}"}
+            if kind == "hnsw":
+                row["HNSW recall@1"] = f"{recall:.3f}"
+            paper = PAPER_TABLE9[kind].get(int(d))
+            row[f"paper, {'Flat n=10K' if kind == 'flat' else 'HNSW n=100K'}: us (speedup)"] = f"{paper[0]} ({paper[1]:.1f}x)" if paper else ""
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"faiss {s['faiss']}, {s['threads']} thread(s), {s['n_queries']:,} queries, "
+                                                       f"k = {s['k']}, median of {s['rounds']} rounds"))
 
 # %% ../nbs/21_report.ipynb #21c014c
 FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
@@ -450,7 +466,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
-          "eval_grid": eval_grid_table}
+          "eval_grid": eval_grid_table, "faiss": faiss_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['POLICIES', 'PAPER_ROUTING', 'mixed_accuracy', 'routing_curve', 'routing_summary', 'crossover', 'routing_gain',
-           'under_evaluation', 'plot_routing', 'unit_prefix', 'build_index', 'sample_rows', 'faiss_latency',
-           'latency_table']
+__all__ = ['POLICIES', 'PAPER_ROUTING', 'PAPER_TABLE9', 'mixed_accuracy', 'routing_curve', 'routing_summary', 'crossover',
+           'routing_gain', 'under_evaluation', 'plot_routing', 'unit_prefix', 'build_index', 'sample_rows',
+           'faiss_latency', 'latency_table']
 
 # %% ../nbs/17_routing.ipynb #17c006
 def _alpha(alpha) -> np.ndarray:
@@ -115,6 +115,9 @@ def routing_gain(result: dict, alpha: float = 0.5, adaptive: str = "v5", baselin
 
 # %% ../nbs/17_routing.ipynb #17c013p
 PAPER_ROUTING = {"crossover": 0.35, "gain_50_50_pp": 1.3, "dims_50_50": (160, 256)}   # Sec. 7 (CLINC, 5 seeds)
+# Table 9 (App., RTX 5090, float32): per-query latency (us) and speedup over 256 dims, Flat of 10K and HNSW of 100K rows
+PAPER_TABLE9 = {"flat": {64: (35, 5.1), 128: (110, 1.6), 192: (146, 1.2), 256: (179, 1.0)},
+                "hnsw": {64: (39, 3.7), 128: (87, 1.7), 192: (81, 1.8), 256: (145, 1.0)}}
 
 def under_evaluation(result: dict, evaluation: str) -> dict:
     "A run_fractal result with every run's accuracy grid taken under one of its evaluations (run_fractal keeps all of them)."
