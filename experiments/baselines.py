@@ -2,7 +2,7 @@
 MIPIC and MIC with their ablations, and where each one's gradient comes from.
 
     python experiments/baselines.py [--setting angle|simcse|mipic|cold] [--seeds 0 1 2] [--methods ...] [--max-steps N]
-                                    [--out DIR] [--results DIR] [--task-share]
+                                    [--out DIR] [--results DIR] [--task-share] [--add-tasks TASK ... [--add-layers 3,-1]]
 
 The sweep of nbs/10_baselines.ipynb (matryoshka_lab.experiments) from a shell: every method trains the embedded
 all-MiniLM-L6-v2 with the same data, steps, batch, learning rate and seeds, then evaluates it. Settings: angle (AnglE
@@ -16,6 +16,9 @@ merged into the committed result file RESULTS/summary.csv with RESULTS/meta.json
 and the script prints mean +- std over seeds of the average over the 7 STS test sets.
 --task-share trains nothing: it measures the task term's share of each method's gradient on the first batch of
 each seed (matryoshka_lab.experiments.task_share) into RESULTS/task_share.csv.
+--add-tasks evaluates each run's exported model on more tasks at --add-layers (matryoshka_lab.experiments.add_tasks;
+a missing run is trained first) and merges their rows into the result file, e.g. the papers' classification tasks in
+the angle setting: --setting angle --add-tasks banking77 tweeteval_emotion mrpc --add-layers 3,-1
 """
 import argparse
 import shlex
@@ -53,6 +56,9 @@ def main():
     p.add_argument("--out", default=None, help="run directories, default: runs/baselines_SETTING")
     p.add_argument("--results", default=None, help="result folder, default: results/baselines/SETTING")
     p.add_argument("--task-share", action="store_true", help="measure each method's task-term share of the gradient instead")
+    p.add_argument("--add-tasks", nargs="+", default=(), metavar="TASK",
+                   help="also evaluate each run (trained first if it is missing) on these tasks, at --add-layers")
+    p.add_argument("--add-layers", default="-1", help="hidden states for --add-tasks: a comma list, -1 the last (default)")
     args = p.parse_args()
     methods = list(args.methods or DEFAULT_METHODS.get(args.setting, BASELINES))
     max_steps = args.max_steps or DEFAULT_STEPS.get(args.setting, 200)
@@ -63,8 +69,8 @@ def main():
         print(shares.groupby("variant", sort=False)[["task_share", "cos_task_total"]].agg(["mean", "min", "max"]).round(4).to_string())
         return
     summary = run_baselines(args.out or f"runs/baselines_{args.setting}", args.setting, seeds=args.seeds,
-                            methods=methods, max_steps=max_steps)
-    save_results(summary, results, args.setting, command, max_steps)
+                            methods=methods, max_steps=max_steps, more_tasks=args.add_tasks, more_layers=args.add_layers)
+    save_results(summary, results, args.setting, command, max_steps, added_tasks=args.add_tasks)
     stats = seed_stats(summary, STS_TEST)
     for method in methods:
         print(f"\n{method}: mean over {len(STS_TEST)} STS test sets, Spearman x100, mean +- std over seeds {args.seeds}")

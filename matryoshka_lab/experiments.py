@@ -16,15 +16,16 @@ from tqdm.auto import tqdm
 
 from .core import provenance
 from .data import task_spec
+from .encoder import Encoder
 from .eval import evaluate
 from .methods import get_method
 from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_config
 
 # %% auto #0
 __all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP', 'EVERY_METHOD',
-           'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one', 'run_baselines', 'save_results',
-           'read_results', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test', 'paired_table',
-           'task_term', 'task_share', 'plot_baselines', 'plot_by_dim']
+           'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one', 'add_tasks', 'run_baselines',
+           'save_results', 'read_results', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test',
+           'paired_table', 'task_term', 'task_share', 'plot_baselines', 'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -107,22 +108,46 @@ def run_one(method: str, seed: int, out: str | Path, setting: str = "angle", pro
     Trainer(cfg, progress=progress).fit()
     return pd.read_csv(grid_csv)
 
+def add_tasks(method: str, seed: int, out: str | Path, tasks, layers="-1", setting: str = "angle",
+              progress: bool = False, **overrides) -> pd.DataFrame:
+    "The grid of the finished run OUT/METHOD_seedSEED with `tasks` it lacks evaluated at `layers` on its exported model and appended (grid.csv rewritten)."
+    run_dir = Path(out) / f"{method}_seed{seed}"
+    cfg = baseline_config(method, seed, run_dir, setting, **overrides)
+    if not (run_dir / "grid.csv").is_file() or (method != "untrained" and not (run_dir / "model").is_dir()):
+        raise FileNotFoundError(f"no finished {method} run in {str(run_dir)!r} (grid.csv and model/): train it first")
+    changed = config_changes(run_dir, cfg)
+    if changed:
+        raise ValueError(f"{str(run_dir)!r} holds a {method} run with a different config ({', '.join(changed)})")
+    grid = pd.read_csv(run_dir / "grid.csv")
+    todo = [t for t in dict.fromkeys(tasks) if t not in set(grid.task)]
+    if not todo:
+        return grid
+    encoder = (load_encoder(cfg) if method == "untrained"
+               else Encoder.from_pretrained(str(run_dir / "model"), pooling=cfg.pooling))
+    more = evaluate(encoder, todo, layers=layers, dims=list(cfg.eval_dims or cfg.dims), data_dir=cfg.data_dir, progress=progress)
+    grid = pd.concat([grid, more], ignore_index=True)
+    grid.to_csv(run_dir / "grid.csv", index=False)
+    return grid
+
 def run_baselines(out: str | Path, setting: str = "angle", seeds=(0, 1, 2), methods=BASELINES,
-                  progress: bool = True, **overrides) -> pd.DataFrame:
-    "Every method x seed (runs finished before are read back); the tidy summary, also written to OUT/summary.csv."
+                  progress: bool = True, more_tasks=(), more_layers="-1", **overrides) -> pd.DataFrame:
+    "Every method x seed (runs finished before are read back; `more_tasks` added at `more_layers`, add_tasks); the tidy summary, also written to OUT/summary.csv."
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(m, s) for s in seeds for m in methods if m != "untrained" or s == seeds[0]]
     frames = []
     for method, seed in tqdm(jobs, desc=f"baselines ({setting})", unit="run", disable=not progress):
         grid = run_one(method, seed, out, setting, **overrides)
+        if more_tasks:
+            grid = add_tasks(method, seed, out, more_tasks, more_layers, setting, **overrides)
         frames.append(grid.assign(method=method, seed=seed, setting=setting))
         pd.concat(frames, ignore_index=True).to_csv(out / "summary.csv", index=False)
     return pd.concat(frames, ignore_index=True)
 
 # %% ../nbs/10_baselines.ipynb #10c010d
-def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, command: str, max_steps: int) -> Path:
-    "Merge a sweep's tidy summary into FOLDER/summary.csv (its runs' rows replace theirs) and record what made them in FOLDER/meta.json."
+def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, command: str, max_steps: int,
+                 added_tasks=()) -> Path:
+    "Merge a sweep's tidy summary into FOLDER/summary.csv (its runs' rows replace theirs) and record what made them in FOLDER/meta.json (`added_tasks`: what `command` evaluated on runs recorded before, kept with their own record)."
     folder, written = Path(folder), provenance(command)   # the commit before this writes (git_commit ignores results/)
     folder.mkdir(parents=True, exist_ok=True)
     old, meta = (read_results(folder) if (folder / "summary.csv").is_file()
@@ -145,7 +170,12 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
     meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()
                       if k not in ("method", "loss_options", "seed", "run_dir")}
     for m, seed in sorted(runs):
-        meta["runs"][f"{m}_seed{seed}"] = written
+        run = f"{m}_seed{seed}"
+        if added_tasks and run in meta["runs"]:   # trained before: its record stays, this evaluation is added to it
+            added = [a for a in meta["runs"][run].get("added", []) if a["tasks"] != list(added_tasks)]
+            meta["runs"][run]["added"] = added + [{"tasks": list(added_tasks), **written}]
+        else:
+            meta["runs"][run] = written
     for m in dict.fromkeys(merged.method):
         meta["methods"][m] = {"variant": VARIANTS[m], "max_steps": meta["methods"].get(m, {}).get("max_steps", max_steps),
                               "seeds": sorted({int(s) for s in merged[merged.method == m].seed})}
