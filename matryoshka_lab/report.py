@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
+from .distill import distill_summary
 from .routing import PAPER_ROUTING, PAPER_TABLE9, crossover, routing_gain, under_evaluation
 from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_table, cross_dataset, fmt,
                                     table5)
@@ -24,10 +25,10 @@ from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_ta
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
            'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
-           'precision_grid_table', 'eval_grid_table', 'faiss_table', 'fractal_table', 'fractal_toggles_table',
-           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
-           'fractal_synthetic_table', 'fractal_capacity_table', 'routing_table', 'render_table', 'fill_tables',
-           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table', 'fractal_table',
+           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'routing_table', 'render_table',
+           'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -253,6 +254,12 @@ def faiss_table(results="results") -> str:
     return md_table(pd.DataFrame(rows).T.rename_axis(f"faiss {s['faiss']}, {s['threads']} thread(s), {s['n_queries']:,} queries, "
                                                        f"k = {s['k']}, median of {s['rounds']} rounds"))
 
+def distill_table(results="results", metric: str = "knn_acc_intent") -> str:
+    "results/distill/clinc150.json: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill.distill_summary)."
+    r = _result_file(results, "distill", "clinc150.json", command="python experiments/distill.py")
+    table = distill_summary(pd.DataFrame(r["rows"]), metric, 3 if metric == "nc1" else 1)
+    return md_table(table.rename_axis(f"{metric}, seeds {', '.join(map(str, r['seeds']))}, step {r['config']['max_steps']}"))
+
 # %% ../nbs/21_report.ipynb #21c014c
 FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
 FRACTAL_ROWS = (("ours, `authors`", ("authors", "authors_inverted", "authors_no_prefix", "authors_uhmt")),
@@ -466,7 +473,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
-          "eval_grid": eval_grid_table, "faiss": faiss_table}
+          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
