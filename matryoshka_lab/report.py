@@ -27,8 +27,9 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACT
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
            'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table', 'fractal_table',
            'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
-           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'routing_table', 'render_table',
-           'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
+           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
+           'spectra_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -446,6 +447,27 @@ def fractal_capacity_table(results="results", datasets: str = "clinc150,trec") -
                                               " / ".join(f"{p['diff']:+.3f} (p = {p['p']:.2g})" for p in peaks) if c == "v5" else ""}
     return md_table(pd.DataFrame(cols).rename_axis("d_s"))
 
+def fractal_loo_table(results="results", dataset: str = "clinc150") -> str:
+    "authors.json: S of V5 and MRL (mean ± SD over seeds) with leave-one-out among the first n test rows, for each n the file records, then with the training rows as the index; the fine level's same-class rows per query and V5's fine accuracy at the first and last prefix where the file has them."
+    res = _fractal_file(results, dataset, "authors")
+    if res is None:
+        raise ValueError(f"no results/fractal/{dataset}/authors.json: run experiments/fractal_protocols.py main --dataset {dataset}")
+    k, n_test, (d0, d1) = res["n_classes"][-1], res["split"]["n_test"], (res["dims"][0], res["dims"][-1])
+    by_n = {int(n): n for n in res["runs"][0]["S_by_loo_rows"]}
+    evs = {res["split"]["loo_rows"]: "loo500", n_test: "loo_test"}
+    rows = {}
+    for n in sorted(set(by_n) | set(evs)) + ["train_index"]:
+        ev = "train_index" if n == "train_index" else evs.get(n)
+        cell = {}
+        for c, label in (("v5", "V5 S"), ("mrl", "MRL S")):
+            s = [r["S_by_eval"][ev] if ev else r["S_by_loo_rows"][by_n[n]] for r in res["runs"] if r["condition"] == c]
+            cell[label] = f"{np.mean(s):+.3f} ± {np.std(s, ddof=1):.3f}"
+        cell["same-intent rows per query"] = f"{res['split']['n_train'] / k:.0f}" if n == "train_index" else f"{n / k - 1:.1f}"
+        l1 = [r["acc_by_eval"][ev][f"L{len(res['levels']) - 1}"] for r in res["runs"] if r["condition"] == "v5"] if ev else []
+        cell[f"V5 fine acc. at {d0} / {d1} dims"] = f"{np.mean([a[0] for a in l1]):.2f} / {np.mean([a[-1] for a in l1]):.2f}" if l1 else ""
+        rows["training rows as the index" if n == "train_index" else f"leave-one-out, first {n} test rows"] = cell
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, {len(res['seeds'])} seeds, evaluation"))
+
 def routing_table(results="results", dataset: str = "clinc150", alpha: float = 0.5) -> str:
     "Workload-adaptive routing (routing.crossover, routing_gain) on authors.json's V5 and MRL grids under each evaluation: the coarse share where V5 routed overtakes MRL at full width, and at a mix of `alpha` coarse queries both accuracies and V5's paired gain; the paper's."
     res = _fractal_file(results, dataset, "authors")
@@ -470,7 +492,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
           "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table,
           "fractal_tests": fractal_tests_table, "fractal_runs": fractal_runs_table,
-          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table,
+          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table, "fractal_loo": fractal_loo_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table}
