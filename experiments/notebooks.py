@@ -24,7 +24,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 # the notebooks whose outputs are results read from results/ (each under a minute on 2 cores)
-RESULT_NOTEBOOKS = ("10_baselines.ipynb", "13_mipic_mic_results.ipynb", "21_report.ipynb")
+RESULT_NOTEBOOKS = ("10_baselines.ipynb", "13_mipic_mic_results.ipynb", "17_routing.ipynb", "21_report.ipynb")
 
 
 def execute(path: Path, dest: Path, timeout: int = 1800) -> float:
