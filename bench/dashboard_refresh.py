@@ -2,6 +2,7 @@
 log, and memory over a long open session.
 
     python bench/dashboard_refresh.py [--lines 100000] [--rounds 20] [--ticks 2000] [--browser] [--soak SECONDS]
+                                      [--out results/bench/dashboard_refresh.json]
 
 In-process, side by side on the same files (alternating order where two things are compared):
   append->tail     one record appended and flushed (RunLog.log, as the trainer writes), then MetricsTail.poll() until
@@ -18,12 +19,15 @@ In-process, side by side on the same files (alternating order where two things a
   step and times until the page's step pane shows it (poll wait of up to PERIOD_MS included: the real figure).
 --soak S: with the page open, a writer appends 50 steps a second (13 metrics each) for S seconds; every 10 s it
   prints the server's resident memory, the page's JS heap and how far the page's step pane lags the writer.
-Figures are medians over --rounds; the last line is one JSON object.
+Figures are medians over --rounds; the last line is one JSON object; --out also writes it with what made it (the
+README's table reads that file).
 """
 import argparse
 import gc
 import json
+import os
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from matryoshka_lab import workbench  # noqa: E402
+from matryoshka_lab.core import provenance  # noqa: E402
 from matryoshka_lab.dashboard import MetricsTail  # noqa: E402
 from matryoshka_lab.runs import RunLog, parse_metrics  # noqa: E402
 from test_dashboards import BIG_NAMES, chromium_page, free_port, serve, shown, write_big_log  # noqa: E402
@@ -183,7 +188,9 @@ def main():
     ap.add_argument("--ticks", type=int, default=2000, help="redrawing ticks of the traced-memory measurement")
     ap.add_argument("--browser", action="store_true", help="also time append->page in headless Chromium")
     ap.add_argument("--soak", type=float, default=0.0, help="with --browser: seconds of continuous appends")
+    ap.add_argument("--out", default=None, help="also write the result with its provenance to this JSON file")
     args = ap.parse_args()
+    made = provenance("python bench/dashboard_refresh.py " + shlex.join(sys.argv[1:]))   # the code that runs: its commit now
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "runs"
         run = root / "big"
@@ -205,7 +212,9 @@ def main():
         print(f"  {k:<14} {v * 1e3:9.3f} ms  (median of {args.rounds})")
     print(f"  naive full re-read / incremental tick: {med['tick (naive)'] / med['tick (tail)']:.0f}x")
     print("  traced memory after each 500 redrawing ticks: " + ", ".join(f"{m:.2f}" for m in traced) + " MB")
-    summary = {"lines": args.lines, "first_read_s": round(first_read, 4), "app_open_s": round(app_open, 4),
+    summary = {"lines": args.lines, "log_mb": round(size_mb, 2), "metrics_per_step": len(BIG_NAMES), "rounds": args.rounds,
+               "ticks": args.ticks,
+               "first_read_s": round(first_read, 4), "app_open_s": round(app_open, 4),
                **{k.replace(" ", "_"): round(v, 6) for k, v in med.items()},
                "naive_over_tail": round(med["tick (naive)"] / med["tick (tail)"], 1),
                "traced_mb": [round(m, 3) for m in traced]}
@@ -215,7 +224,7 @@ def main():
         print(f"  browser: page open on the {args.lines}-line run {page['page_open_s']:.2f} s; append->page "
               + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in q.items())
               + f" over {len(lat)} appends (poll period {workbench.PERIOD_MS} ms)")
-        summary.update({"page_open_s": round(page["page_open_s"], 3),
+        summary.update({"page_open_s": round(page["page_open_s"], 3), "appends": len(lat), "poll_ms": workbench.PERIOD_MS,
                         **{f"append_to_page_{k}_s": round(v, 4) for k, v in q.items()}})
         if page.get("soak"):
             s = page["soak"]
@@ -227,6 +236,10 @@ def main():
                   f"latency max {max(x['append_to_page_s'] for x in s):.2f} s")
             summary["soak"] = s
     print(json.dumps(summary))
+    if args.out:
+        record = {**made, "machine": f"{os.cpu_count()} CPU cores", "result": summary}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,11 @@ from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_ta
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
            'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
-           'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table', 'fractal_table',
-           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
-           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
-           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
-           'spectra_figure', 'write_figures']
+           'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table', 'dashboard_table',
+           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table',
+           'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table',
+           'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure',
+           'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -260,6 +260,32 @@ def distill_table(results="results", metric: str = "knn_acc_intent") -> str:
     r = _result_file(results, "distill", "clinc150.json", command="python experiments/distill.py")
     table = distill_summary(pd.DataFrame(r["rows"]), metric, 3 if metric == "nc1" else 1)
     return md_table(table.rename_axis(f"{metric}, seeds {', '.join(map(str, r['seeds']))}, step {r['config']['max_steps']}"))
+
+def dashboard_table(results="results") -> str:
+    "results/bench/dashboard_refresh.json: a refresh tick's cost on a long log, a line's way onto the page in headless Chromium, and memory over a soak."
+    r = _result_file(results, "bench", "dashboard_refresh.json",
+                     command="python bench/dashboard_refresh.py --browser --soak 600 --out results/bench/dashboard_refresh.json")["result"]
+    ms = lambda s: f"{1e3 * s:.2f} ms"
+    rows = {f"one refresh tick, reading what was appended (median of {r['rounds']})": ms(r["tick_(tail)"]),
+            "a full re-read of the log instead": f"{ms(r['tick_(naive)'])} ({r['naive_over_tail']:,.0f}x)",
+            "a tick that also redraws the curves": ms(r["tick_(redraw)"]),
+            "a line appended -> the app's step pane (no browser)": ms(r["append->pane"])}
+    if r["traced_mb"]:                                  # measured after every 500 ticks
+        rows[f"Python memory the workbench holds over {r['ticks']:,} redrawing ticks"] = \
+            f"{min(r['traced_mb']):.2f} to {max(r['traced_mb']):.2f} MB"
+    if "append_to_page_median_s" in r:
+        rows[f"a line appended by another process -> on the page, headless Chromium ({r['appends']} appends, poll {r['poll_ms']} ms)"] = \
+            f"median {ms(r['append_to_page_median_s'])}, p90 {ms(r['append_to_page_p90_s'])}, max {ms(r['append_to_page_max_s'])}"
+    if r.get("soak"):
+        s, records = r["soak"], r["soak"][-1]["steps_written"] * r["metrics_per_step"]
+        half = s[len(s) // 2:]
+        rss, heap = [x["server_rss_mb"] for x in half], [x["page_js_heap_mb"] for x in s]
+        soak = f"soak ({s[-1]['t_s']:.0f} s of appends, {records:,} records, page open)"
+        rows[f"{soak}: server resident memory, start -> end (second half)"] = \
+            f"{s[0]['server_rss_mb']:.1f} -> {s[-1]['server_rss_mb']:.1f} MB ({min(rss):.1f} to {max(rss):.1f})"
+        rows[f"{soak}: page JS heap, start -> end (range)"] = f"{heap[0]:.0f} -> {heap[-1]:.0f} MB ({min(heap):.0f} to {max(heap):.0f})"
+        rows[f"{soak}: step pane behind the writer, at most"] = f"{max(x['append_to_page_s'] for x in s):.2f} s"
+    return md_table(pd.DataFrame({"measured": rows}).rename_axis(f"{r['lines']:,}-line log of {r['log_mb']} MB"))
 
 # %% ../nbs/21_report.ipynb #21c014c
 FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
@@ -495,7 +521,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table, "fractal_loo": fractal_loo_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
-          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table}
+          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
