@@ -1,4 +1,4 @@
-"""Execute the results notebooks in place, so that a fresh clone shows their tables and figures without running a cell.
+"""Execute the results (and quick method) notebooks in place, so that a fresh clone shows their tables and figures without running a cell.
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py        # every notebook of RESULT_NOTEBOOKS
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py nbs/13_mipic_mic_results.ipynb
@@ -23,8 +23,10 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-# the notebooks whose outputs are results read from results/ (each under a minute on 2 cores)
-RESULT_NOTEBOOKS = ("10_baselines.ipynb", "13_mipic_mic_results.ipynb", "17_routing.ipynb", "21_report.ipynb")
+# the notebooks committed with their outputs (each under a minute on 2 cores): the results notebooks, which read
+# results/, and the method notebooks whose checks print what they compare
+RESULT_NOTEBOOKS = ("06_losses.ipynb", "10_baselines.ipynb", "11_mipic.ipynb", "12_mic.ipynb", "13_mipic_mic_results.ipynb",
+                    "14_stats.ipynb", "17_routing.ipynb", "21_report.ipynb")
 
 
 def execute(path: Path, dest: Path, timeout: int = 1800) -> float:
