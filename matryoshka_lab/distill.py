@@ -268,7 +268,7 @@ DISTILL_ARMS = {"mrl": {"method": "mrl", "objective": "simcse", "loss_options": 
                 "distill_nc": {"method": "distill_nc"},                                       # align + per-subnet CE (labels)
                 "distill_align": {"method": "distill_nc", "loss_options": {"lambda_cls": 0.0}}}   # align only (no labels)
 
-def arm_config(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 25, quick: bool = False):
+def arm_config(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 50, quick: bool = False):
     "The config of one arm of the comparison: the YAML `config` with the arm's method and `seed`, evaluation and NC1 every `every` steps; quick: one step on the generated intents."
     from matryoshka_lab.trainer import load_config, make_config
     if arm not in DISTILL_ARMS:
@@ -279,7 +279,7 @@ def arm_config(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml"
         values.update(train_task="builtin_intents", eval_tasks=["builtin_intents"], max_steps=1, batch_size=8, max_length=16)
     return make_config(values)
 
-def run_arm(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 25, quick: bool = False,
+def run_arm(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 50, quick: bool = False,
             progress: bool = False) -> pd.DataFrame:
     "One arm and seed (trained unless FOLDER/ARM_seedSEED is complete): per (step, dim) at the last layer, k-NN intent and domain accuracy, the probe's NC1, max |P P^T - I|."
     from matryoshka_lab.runs import read_run
@@ -297,7 +297,7 @@ def run_arm(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", e
         frames.append(wide.rename_axis("step").reset_index().assign(arm=arm, seed=seed, dim=d))
     return pd.concat(frames, ignore_index=True)
 
-def distill_compare(folder, seeds=(0,), arms=tuple(DISTILL_ARMS), config="configs/distill_nc.yaml", every: int = 25,
+def distill_compare(folder, seeds=(0,), arms=tuple(DISTILL_ARMS), config="configs/distill_nc.yaml", every: int = 50,
                     quick: bool = False, progress: bool = True) -> pd.DataFrame:
     "Every arm x seed (run_arm) and the untrained model (k-NN at step 0, NC1 as every arm's step 0): one row per (arm, seed, step, dim)."
     from tqdm.auto import tqdm
