@@ -264,7 +264,7 @@ def distill_table(results="results", metric: str = "knn_acc_intent") -> str:
 def dashboard_table(results="results") -> str:
     "results/bench/dashboard_refresh.json: a refresh tick's cost on a long log, a line's way onto the page in headless Chromium, and memory over a soak."
     r = _result_file(results, "bench", "dashboard_refresh.json",
-                     command="python bench/dashboard_refresh.py --browser --soak 600 --out results/bench/dashboard_refresh.json")["result"]
+                     command="python bench/dashboard_refresh.py --browser --soak 300 --out results/bench/dashboard_refresh.json")["result"]
     ms = lambda s: f"{1e3 * s:.2f} ms"
     rows = {f"one refresh tick, reading what was appended (median of {r['rounds']})": ms(r["tick_(tail)"]),
             "a full re-read of the log instead": f"{ms(r['tick_(naive)'])} ({r['naive_over_tail']:,.0f}x)",
