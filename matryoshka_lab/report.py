@@ -101,7 +101,7 @@ def _one_metric(tasks: list[str]) -> str:
 def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None,
                tasks: str = "sts") -> str:
     "Mean ± std over seeds of the tasks' mean score x100 in their papers' metric (default: the STS test sets' Spearman), method x (layer, dim) cell, from results/baselines/SETTING."
-    summary, meta = _baselines(results, setting)
+    summary, _ = _baselines(results, setting)
     chosen = _tasks(tasks, summary)
     stats = seed_stats(summary, chosen, _one_metric(chosen)).set_index(["method", "layer", "dim"])
     rows = {}
@@ -113,7 +113,8 @@ def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3
             s = stats.loc[(m, layer, dim)]
             one = s["count"] < 2 or m == "untrained"          # the untrained model is the same for every seed
             row[name] = f"{s['mean']:.2f}" if one else f"{s['mean']:.2f} ± {s['std']:.2f}"
-        row["seeds"] = "(not trained)" if m == "untrained" else ", ".join(map(str, meta["methods"][m]["seeds"]))
+        seeds = sorted({int(x) for x in summary[(summary.method == m) & summary.task.isin(chosen)].seed})   # the rows' own
+        row["seeds"] = "(not trained)" if m == "untrained" else ", ".join(map(str, seeds))
         rows[LABELS.get(m, m)] = row
     return md_table(pd.DataFrame(rows).T.rename_axis("model"))
 
