@@ -166,6 +166,10 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
             raise ValueError(f"{str(folder)!r} holds {m} rows trained as {stored}, which VARIANTS now defines as {now}: "
                              "re-run every seed of it, or remove its rows from the result file")
     merged = pd.concat([kept, new], ignore_index=True) if kept is not None else new
+    if old is not None:   # a re-run run keeps its place in the file (a small diff, the same table order), new runs follow
+        place = {run: i for i, run in reversed(list(enumerate(zip(old.method, old.seed.astype(int)))))}
+        merged = merged.iloc[np.argsort([place.get((m, int(s)), len(old)) for m, s in zip(merged.method, merged.seed)],
+                                        kind="stable")].reset_index(drop=True)
     merged.to_csv(folder / "summary.csv", index=False)
     meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()
                       if k not in ("method", "loss_options", "seed", "run_dir")}
