@@ -22,9 +22,9 @@ from .losses import LossOutput, _check_dims
 from .methods import Callback, Method, TrainData, register
 
 # %% auto #0
-__all__ = ['DISTILL_ARMS', 'semi_orthogonal', 'MatryoshkaDistill', 'class_means', 'nc1', 'nc1_grid', 'labelled_texts',
-           'teacher_embeddings', 'DistillOptions', 'distill_options', 'distill_data', 'DistillLoss', 'DistillNCMethod',
-           'probe_indices', 'NC1Callback', 'arm_config', 'run_arm', 'distill_compare', 'distill_summary']
+__all__ = ['semi_orthogonal', 'MatryoshkaDistill', 'class_means', 'nc1', 'nc1_grid', 'labelled_texts', 'teacher_embeddings',
+           'DistillOptions', 'distill_options', 'distill_data', 'DistillLoss', 'DistillNCMethod', 'probe_indices',
+           'NC1Callback']
 
 # %% ../nbs/16_distill.ipynb #16c006
 class _Matrix(nn.Module):
@@ -262,68 +262,3 @@ NC1Callback.before_fit = _nc1_before_fit
 NC1Callback.measure = _nc1_measure
 NC1Callback.after_step = _nc1_after_step
 NC1Callback.after_fit = _nc1_after_fit
-
-# %% ../nbs/16_distill.ipynb #16c040a
-DISTILL_ARMS = {"mrl": {"method": "mrl", "objective": "simcse", "loss_options": {}},         # plain MRL, unsupervised SimCSE
-                "distill_nc": {"method": "distill_nc"},                                       # align + per-subnet CE (labels)
-                "distill_align": {"method": "distill_nc", "loss_options": {"lambda_cls": 0.0}}}   # align only (no labels)
-
-def arm_config(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 50, quick: bool = False):
-    "The config of one arm of the comparison: the YAML `config` with the arm's method and `seed`, evaluation and NC1 every `every` steps; quick: one step on the generated intents."
-    from matryoshka_lab.trainer import load_config, make_config
-    if arm not in DISTILL_ARMS:
-        raise ValueError(f"arm must be one of {tuple(DISTILL_ARMS)}, got {arm!r}")
-    values = {**load_config(config).to_dict(), **DISTILL_ARMS[arm], "seed": seed,
-              "run_dir": str(Path(folder) / f"{arm}_seed{seed}"), "eval_every": every, "checkpoint_every": 0}
-    if quick:
-        values.update(train_task="builtin_intents", eval_tasks=["builtin_intents"], max_steps=1, batch_size=8, max_length=16)
-    return make_config(values)
-
-def run_arm(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 50, quick: bool = False,
-            progress: bool = False) -> pd.DataFrame:
-    "One arm and seed (trained unless FOLDER/ARM_seedSEED is complete): per (step, dim) at the last layer, k-NN intent and domain accuracy, the probe's NC1, max |P P^T - I|."
-    from matryoshka_lab.runs import read_run
-    from matryoshka_lab.trainer import CheckpointCallback, EvalCallback, Trainer
-    cfg = arm_config(arm, folder, seed, config, every, quick)
-    run_dir = Path(cfg.run_dir)
-    if not (run_dir / "grid.csv").is_file():
-        Trainer(cfg, progress=progress, callbacks=[CheckpointCallback(0), EvalCallback(every), NC1Callback(every)]).fit()
-    m, L, task = read_run(run_dir).metrics, int(pd.read_csv(run_dir / "grid.csv").layer.max()), cfg.eval_tasks[0]
-    frames = []
-    for d in cfg.dims:
-        names = {"knn_acc_intent": f"{task}/L{L}/d{d}/knn_acc_intent", "knn_acc_domain": f"{task}/L{L}/d{d}/knn_acc_domain",
-                 "nc1": f"nc1/L{L}/d{d}", "orth": f"orth/d{d}"}
-        wide = pd.DataFrame({k: m[m.name == n].set_index("step").value for k, n in names.items()}).reindex(columns=list(names))
-        frames.append(wide.rename_axis("step").reset_index().assign(arm=arm, seed=seed, dim=d))
-    return pd.concat(frames, ignore_index=True)
-
-def distill_compare(folder, seeds=(0,), arms=tuple(DISTILL_ARMS), config="configs/distill_nc.yaml", every: int = 50,
-                    quick: bool = False, progress: bool = True) -> pd.DataFrame:
-    "Every arm x seed (run_arm) and the untrained model (k-NN at step 0, NC1 as every arm's step 0): one row per (arm, seed, step, dim)."
-    from tqdm.auto import tqdm
-    from matryoshka_lab.encoder import Encoder
-    from matryoshka_lab.eval import evaluate
-    jobs = [(arm, seed) for seed in seeds for arm in arms]
-    rows = pd.concat([run_arm(arm, folder, seed, config, every, quick) for arm, seed in
-                      tqdm(jobs, desc="distillation arms", unit="run", disable=not progress)], ignore_index=True)
-    cfg = arm_config(arms[0], folder, seeds[0], config, every, quick)
-    df = evaluate(Encoder.from_pretrained(cfg.model), list(cfg.eval_tasks), layers="-1", dims=list(cfg.dims),
-                  data_dir=cfg.data_dir, max_length=cfg.max_length, progress=False)
-    start = df.pivot_table(index="dim", columns="metric", values="value")[["knn_acc_intent", "knn_acc_domain"]]
-    nc1_0 = rows[rows.step == 0].groupby("dim").nc1.first()      # every arm and seed starts from this model and probe
-    untrained = start.assign(nc1=nc1_0, orth=np.nan, step=0, arm="untrained", seed=-1).reset_index()
-    return pd.concat([untrained, rows], ignore_index=True)[["arm", "seed", "step", "dim", "knn_acc_intent",
-                                                             "knn_acc_domain", "nc1", "orth"]]
-
-def distill_summary(rows: pd.DataFrame, metric: str = "knn_acc_intent", decimals: int = 1) -> pd.DataFrame:
-    "Arm x prefix dim: `metric` at each run's last step, mean ± SD over seeds (the untrained model: its one value); last, each arm's largest |P P^T - I| over every step, subnet and seed."
-    if metric not in ("knn_acc_intent", "knn_acc_domain", "nc1"):
-        raise ValueError(f"metric must be knn_acc_intent, knn_acc_domain or nc1, got {metric!r}")
-    last = rows[rows.step == rows.groupby(["arm", "seed"]).step.transform("max")]
-    stats = last.groupby(["arm", "dim"], sort=False)[metric].agg(["mean", "std", "count"])
-    cell = lambda s: f"{s['mean']:.{decimals}f}" if s["count"] < 2 else f"{s['mean']:.{decimals}f} ± {s['std']:.{decimals}f}"
-    table = stats.apply(cell, axis=1).unstack("dim")
-    table = table.reindex([a for a in ("untrained", *DISTILL_ARMS) if a in table.index]).rename(columns=lambda d: f"d = {d}")
-    orth = rows.groupby("arm").orth.max()
-    table["max abs(P P^T - I)"] = [f"{orth[a]:.1e}" if pd.notna(orth.get(a)) else "" for a in table.index]
-    return table.rename_axis(metric)

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from .experiments import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from . import stats
-from .distill import distill_summary
+from .distill_compare import distill_summary
 from .routing import PAPER_ROUTING, PAPER_TABLE9, crossover, routing_gain, under_evaluation
 from .fractal import (PAPER_POOLED, PAPER_S, PAPER_T3, PAPER_T5_FIT, capacity_table, cross_dataset, fmt,
                                     table5)
