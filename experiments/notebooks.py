@@ -1,4 +1,5 @@
-"""Execute the results (and quick method) notebooks in place, so that a fresh clone shows their tables and figures without running a cell.
+"""Execute the results (and quick method) notebooks in place, so that a fresh clone shows their tables and figures
+without running a cell.
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py        # every notebook of RESULT_NOTEBOOKS
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py nbs/13_mipic_mic_results.ipynb

@@ -257,7 +257,7 @@ def faiss_table(results="results") -> str:
                                                        f"k = {s['k']}, median of {s['rounds']} rounds"))
 
 def distill_table(results="results", metric: str = "knn_acc_intent") -> str:
-    "results/distill/clinc150.json: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill.distill_summary)."
+    "results/distill/clinc150.json: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill_compare.distill_summary)."
     r = _result_file(results, "distill", "clinc150.json", command="python experiments/distill.py")
     table = distill_summary(pd.DataFrame(r["rows"]), metric, 3 if metric == "nc1" else 1)
     return md_table(table.rename_axis(f"{metric}, seeds {', '.join(map(str, r['seeds']))}, step {r['config']['max_steps']}"))
@@ -519,7 +519,8 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
           "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table,
           "fractal_tests": fractal_tests_table, "fractal_runs": fractal_runs_table,
-          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "routing": routing_table, "fractal_loo": fractal_loo_table,
+          "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "fractal_loo": fractal_loo_table,
+          "routing": routing_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table}
