@@ -13,7 +13,7 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['heatmap', 'grid_table', 'headline', 'plot_grid', 'save_heatmaps', 'spectrum_bars', 'correlation_heatmap',
-           'cka_heatmap', 'level_curves']
+           'cka_heatmap', 'level_curves', 'to_matplotlib', 'with_png']
 
 # %% ../nbs/04_plots.ipynb #04c012
 def heatmap(z, x: Sequence, y: Sequence, title: str, x_title: str, y_title: str,
@@ -136,3 +136,142 @@ def level_curves(acc, dims: Sequence[int], levels: Sequence | None = None,
                      for name, row in zip(levels, acc)])
     return fig.update_layout(title=title, xaxis_title="prefix length d", yaxis_title="accuracy",
                              xaxis=dict(tickmode="array", tickvals=dims), height=380, width=560)
+
+# %% ../nbs/04_plots.ipynb #04c020
+def _mpl_colour(c):
+    "A plotly colour ('#rrggbb', 'rgb(r, g, b)', 'rgba(r, g, b, a)', a CSS name) as a matplotlib colour; None stays None."
+    import re
+    if c is None:
+        return None
+    m = re.fullmatch(r"rgba?\(([\d.]+),([\d.]+),([\d.]+)(?:,([\d.]+))?\)", str(c).replace(" ", ""))
+    if not m:
+        return c
+    return (*(float(v) / 255 for v in m.groups()[:3]), 1.0 if m.group(4) is None else float(m.group(4)))
+
+def _colormap(colorscale):
+    "A plotly colour scale (a name or [[position, colour], ...]) as a matplotlib colormap with the same stops."
+    from matplotlib.colors import LinearSegmentedColormap, to_rgba
+    from plotly.colors import get_colorscale
+    stops = get_colorscale(colorscale) if isinstance(colorscale, str) else colorscale
+    return LinearSegmentedColormap.from_list("plotly", [(float(p), to_rgba(_mpl_colour(c))) for p, c in stops])
+
+def _rows_up(layout, trace) -> bool:
+    "Whether a heatmap's first row is drawn at the bottom (plotly's default) rather than the top (a reversed y axis)."
+    return layout[(trace.yaxis or "y").replace("y", "yaxis", 1)].autorange != "reversed"
+
+_MARKERS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "X", "triangle-up": "^", "triangle-down": "v"}
+
+def to_matplotlib(fig, dpi: int = 100):
+    "The plotly figure fig redrawn as a matplotlib Figure of the same pixel size (see the section text for what it covers)."
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    lay = fig.layout
+    w, h = lay.width or 700, lay.height or 450
+    mfig = plt.figure(figsize=(w / dpi, h / dpi), dpi=dpi)
+    right = 95 if any(t.type == "heatmap" for t in fig.data) else 20                    # margins in pixels: room for a
+    bottom = 75 if lay.legend.orientation == "h" else 50                                # colour bar, a legend below,
+    box = (75 / w, bottom / h, 1 - right / w, 1 - 55 / h)                               # tick and axis labels, the title
+    to_fig = lambda x, y: (box[0] + x * (box[2] - box[0]), box[1] + y * (box[3] - box[1]))    # paper -> figure coords
+    axes = {}
+    def axis(t):
+        key = (t.xaxis or "x", t.yaxis or "y")
+        if key not in axes:
+            xa, ya = lay[key[0].replace("x", "xaxis", 1)], lay[key[1].replace("y", "yaxis", 1)]
+            (x0, x1), (y0, y1) = xa.domain or (0, 1), ya.domain or (0, 1)
+            (x0, y0), (x1, y1) = to_fig(x0, y0), to_fig(x1, y1)
+            ax = axes[key] = mfig.add_axes((x0, y0, x1 - x0, y1 - y0))
+            ax.set_xlabel(xa.title.text or ""); ax.set_ylabel(ya.title.text or "")
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")                # 1, 2, 5, 10, .. as plotly
+            for log, a, set_scale in ((xa.type == "log", ax.xaxis, ax.set_xscale), (ya.type == "log", ax.yaxis, ax.set_yscale)):
+                if log:
+                    set_scale("log"); a.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+                    a.set_major_formatter(plain); a.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            if ya.autorange == "reversed": ax.invert_yaxis()
+            ax.grid(True, alpha=0.3)
+        return axes[key]
+    def on(item):
+        "The axes a shape or annotation anchored to (x axis, y axis domain) belongs to."
+        key = (item.xref, str(item.yref).removesuffix(" domain"))
+        if key not in axes:
+            raise ValueError(f"no trace is drawn on the axes {key} that a shape or annotation refers to")
+        return axes[key]
+    legend = []
+    for t in fig.data:
+        if t.type not in ("scatter", "bar", "heatmap"):
+            raise ValueError(f"to_matplotlib draws scatter, bar and heatmap traces; this figure has a {t.type!r} trace")
+        ax = axis(t)
+        if t.type == "scatter":
+            x, y = np.asarray(t.x), np.asarray(t.y, dtype=np.float64)
+            colour = _mpl_colour(t.line.color or t.marker.color)
+            label = t.name if t.showlegend is not False and t.name else None
+            if t.fill == "toself":
+                ax.fill(x, y, color=_mpl_colour(t.fillcolor), lw=0, label=label)
+                continue
+            mode = t.mode or ("lines+markers" if len(x) < 20 else "lines")
+            symbol = str(t.marker.symbol or "circle")
+            open_ = symbol.endswith("-open")
+            marker = _MARKERS.get(symbol.removesuffix("-open"), "o") if "markers" in mode else None
+            err = None if t.error_y.array is None else np.asarray(t.error_y.array, dtype=np.float64)
+            line = ax.errorbar(x, y, yerr=err, color=colour, marker=marker, linestyle="-" if "lines" in mode else "none",
+                               markersize=(t.marker.size or 6) * 0.8, mfc="none" if open_ else None, capsize=2, label=label)
+            if label:
+                legend.append(line)
+        elif t.type == "bar":
+            ax.bar([str(v) for v in t.x] if lay.xaxis.type == "category" else t.x, t.y,
+                   color=_mpl_colour(t.marker.color), width=1.0 - (lay.bargap if lay.bargap is not None else 0.2))
+        else:
+            z = np.asarray(t.z, dtype=np.float64)
+            im = ax.imshow(z, aspect="auto", origin="lower" if _rows_up(lay, t) else "upper",
+                           cmap=_colormap(t.colorscale or "Viridis"), vmin=t.zmin, vmax=t.zmax, interpolation="nearest")
+            ax.set_xticks(range(z.shape[1]), [str(v) for v in (t.x if t.x is not None else range(z.shape[1]))])
+            ax.set_yticks(range(z.shape[0]), [str(v) for v in (t.y if t.y is not None else range(z.shape[0]))])
+            ax.grid(False)
+            if t.text is not None:
+                lo, hi = im.get_clim()
+                for (i, j), v in np.ndenumerate(np.asarray(t.text, dtype=object)):
+                    if v is not None and not (isinstance(v, float) and np.isnan(v)):
+                        ax.text(j, i, str(v), ha="center", va="center", fontsize=7,
+                                color="white" if z[i, j] < (lo + hi) / 2 else "black")
+            p = ax.get_position()                                                     # the colour bar right of its axes
+            mfig.colorbar(im, cax=mfig.add_axes((p.x1 + 10 / w, p.y0, 12 / w, p.height)), label=t.colorbar.title.text or "")
+    for s in lay.shapes:
+        if not (s.type == "line" and s.x0 == s.x1 and str(s.yref).endswith("domain")):
+            raise ValueError(f"to_matplotlib draws vertical lines only; this figure has a {s.type!r} shape")
+        on(s).axvline(s.x0, color=_mpl_colour(s.line.color) or "black", lw=1,
+                      linestyle={"dash": "--", "dot": ":", "dashdot": "-."}.get(s.line.dash, "-"))
+    for a in lay.annotations:
+        if a.xref == "paper" and a.yref == "paper":                    # subplot titles
+            mfig.text(*to_fig(a.x, a.y), a.text, ha="center", va="bottom", fontsize=10)
+        elif str(a.yref).endswith("domain"):                            # a vertical line's label
+            ax = on(a)
+            ax.text(a.x, a.y, a.text, ha="center", va="bottom", fontsize=8,
+                    transform=matplotlib.transforms.blended_transform_factory(ax.transData, ax.transAxes))
+        else:
+            raise ValueError(f"to_matplotlib draws paper-anchored annotations and line labels; this one is anchored to "
+                             f"({a.xref}, {a.yref})")
+    if lay.title.text:
+        mfig.suptitle(lay.title.text, x=0.01, ha="left", fontsize=12)
+    if legend and lay.showlegend is not False and (len(legend) > 1 or lay.showlegend):
+        if lay.legend.orientation == "h":
+            mfig.legend(handles=legend, loc="lower center", ncol=min(len(legend), 3), fontsize=8, frameon=False)
+        else:
+            axis(fig.data[0]).legend(handles=legend, fontsize=8)
+    return mfig
+
+class with_png:
+    "fig with a static PNG beside it: displays as plotly's own bundle plus an image/png drawn by to_matplotlib."
+    def __init__(self, fig, dpi: int = 100):
+        self.fig, self.dpi = fig, dpi
+    def png(self) -> bytes:
+        "The PNG bytes (no software metadata, so the same inputs and versions give the same bytes)."
+        import io
+        import matplotlib.pyplot as plt
+        mfig, buf = to_matplotlib(self.fig, self.dpi), io.BytesIO()
+        mfig.savefig(buf, format="png", dpi=self.dpi, metadata={"Software": None})
+        plt.close(mfig)
+        return buf.getvalue()
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        import base64
+        bundle = self.fig._repr_mimebundle_(include, exclude) or {}
+        return {**bundle, "image/png": base64.b64encode(self.png()).decode("ascii")}
