@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the notebooks committed with their outputs (each under a minute on 2 cores): the results notebooks, which read
 # results/, and the method notebooks whose checks print what they compare
 RESULT_NOTEBOOKS = ("06_losses.ipynb", "10_baselines.ipynb", "11_mipic.ipynb", "12_mic.ipynb", "13_mipic_mic_results.ipynb",
-                    "14_stats.ipynb", "16_distill.ipynb", "16a_distill_compare.ipynb",
+                    "14_stats.ipynb", "15_fractal.ipynb", "16_distill.ipynb", "16a_distill_compare.ipynb",
                     "17_routing.ipynb", "21_report.ipynb")
 
 
