@@ -1,6 +1,7 @@
 """Fractal heads one process at a time vs `workers` processes at a time, side by side on the same cached vectors.
 
     python bench/fractal_workers.py [--data-dir DIR] [--max-train 2000] [--seeds 2] [--workers 2] [--rounds 2]
+                                    [--out results/bench/fractal_workers.json]
 
 run_fractal trains every (seed, condition) head; under the authors' protocol each head is their 2.1M-parameter network
 on batches of 16 rows, whose matrix products are too small to keep more than one core busy. `workers=W` trains W heads
@@ -8,16 +9,20 @@ at once, each in its own spawned process with torch.get_num_threads() // W threa
 cached vectors (V5 and MRL, --seeds seeds, the first --max-train training rows) with workers=1 (torch's own thread
 count) and with workers=W, alternating within each round so that the machine's drift hits both alike; figures are
 medians over rounds. It also checks that both give the same steerability per run. Run it alone on the machine.
-Without a data directory the generated builtin_intents corpus stands in (a smoke test). The last line is one JSON object.
+Without a data directory the generated builtin_intents corpus stands in (a smoke test). The last line is one JSON object;
+--out also writes it with what made it (the command, library version, commit).
 """
 import argparse
 import json
+import shlex
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from matryoshka_lab.core import DATA_ENV, resolve_data_dir
+from matryoshka_lab.core import DATA_ENV, provenance, resolve_data_dir
 from matryoshka_lab.fractal import PROTOCOLS, fractal_data, run_fractal
 
 FULL_HEADS, FULL_TRAIN = 10, 8_500      # the issue's comparison: CLINC, 5 seeds x (V5, MRL), 8,500 training rows each
@@ -33,7 +38,9 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=None, help="also write the result with its provenance to this JSON file")
     args = p.parse_args()
+    made = provenance("python bench/fractal_workers.py " + shlex.join(sys.argv[1:]))   # the code that runs: its commit now
     for name in ("max_train", "max_test", "seeds", "epochs", "rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -66,9 +73,15 @@ def main():
     print(f"EXTRAPOLATION (not measured): linear in the {res['split']['n_train']:,} training rows x {args.epochs} epochs to {FULL_TRAIN:,} x 5, the 5-seed CLINC "
           f"V5-vs-MRL comparison ({FULL_HEADS} heads) takes about {full[args.workers]:.0f} min with {args.workers} workers, "
           f"{full[1]:.0f} min in one process")
-    print(json.dumps({"speedup": round(speedup, 3), "median_seconds": {str(w): round(v, 2) for w, v in med.items()},
-                      "heads": heads, "workers": args.workers, "same_S": same, "source": name,
-                      "max_train": args.max_train, "epochs": args.epochs, "rounds": args.rounds}))
+    result = {"speedup": round(speedup, 3), "median_seconds": {str(w): round(v, 2) for w, v in med.items()},
+              "seconds": {str(w): [round(v, 2) for v in t] for w, t in times.items()}, "heads": heads,
+              "workers": args.workers, "threads": torch.get_num_threads(), "same_S": same, "source": name,
+              "protocol": args.protocol, "n_train": res["split"]["n_train"], "max_train": args.max_train,
+              "epochs": args.epochs, "rounds": args.rounds}
+    print(json.dumps(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({**made, "result": result}, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
