@@ -263,6 +263,8 @@ class with_png:
     "fig with a static PNG beside it: displays as plotly's own bundle plus an image/png drawn by to_matplotlib."
     def __init__(self, fig, dpi: int = 100):
         self.fig, self.dpi = fig, dpi
+    def __repr__(self) -> str:
+        return f"<plotly figure {self.fig.layout.title.text or ''!r} with a PNG>"
     def png(self) -> bytes:
         "The PNG bytes (no software metadata, so the same inputs and versions give the same bytes)."
         import io
