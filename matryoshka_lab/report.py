@@ -26,10 +26,10 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACT
            'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
            'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
            'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table', 'dashboard_table',
-           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table',
-           'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table',
-           'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure',
-           'step_time_figure', 'spectra_figure', 'write_figures']
+           'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
+           'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
+           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables',
+           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../nbs/21_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -288,6 +288,20 @@ def dashboard_table(results="results") -> str:
         rows[f"{soak}: step pane behind the writer, at most"] = f"{max(x['append_to_page_s'] for x in s):.2f} s"
     return md_table(pd.DataFrame({"measured": rows}).rename_axis(f"{r['lines']:,}-line log of {r['log_mb']} MB"))
 
+def fractal_workers_table(results="results") -> str:
+    "results/bench/fractal_workers.json: run_fractal's wall time in one process against `workers` processes, side by side."
+    r = _result_file(results, "bench", "fractal_workers.json",
+                     command="python bench/fractal_workers.py --out results/bench/fractal_workers.json")["result"]
+    w = str(r["workers"])
+    rows = {f"workers 1 ({r['threads']} torch threads)": {"median s": f"{r['median_seconds']['1']:.1f}",
+                                                        "each round": ", ".join(f"{v:.1f}" for v in r["seconds"]["1"])},
+            f"workers {w} (one process per head)": {"median s": f"{r['median_seconds'][w]:.1f}",
+                                                   "each round": ", ".join(f"{v:.1f}" for v in r["seconds"][w])},
+            "speedup": {"median s": f"{r['speedup']:.2f}x", "each round": ""},
+            "same S in every run": {"median s": "yes" if r["same_S"] else "no", "each round": ""}}
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"{r['source']}, {r['protocol']}: {r['heads']} heads (V5, MRL), "
+                                                     f"{r['n_train']:,} training rows, {r['epochs']} epochs"))
+
 # %% ../nbs/21_report.ipynb #21c014c
 FRACTAL_CONDITIONS = {"v5": "V5", "mrl": "MRL", "inverted": "inverted", "no_prefix": "no prefix", "uhmt": "UHMT"}
 FRACTAL_ROWS = (("ours, `authors`", ("authors", "authors_inverted", "authors_no_prefix", "authors_uhmt")),
@@ -523,7 +537,8 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "routing": routing_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
-          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table}
+          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table,
+          "fractal_workers": fractal_workers_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
