@@ -330,29 +330,25 @@ def figure_html(fig) -> bytes:
 
 def figure_png(fig, dpi: int = 100) -> bytes:
     "A plotly figure's heatmap, bar and scatter traces redrawn with matplotlib, as PNG bytes."
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure     # not pyplot: no backend switch, no global figure to close
     lay = fig.layout
-    out, ax = plt.subplots(figsize=((lay.width or 640) / 100, (lay.height or 380) / 100), dpi=dpi)
-    try:
-        for tr in fig.data:
-            if tr.type == "heatmap":
-                z = np.asarray(tr.z, dtype=np.float64)
-                im = ax.imshow(z, aspect="auto", cmap="RdBu" if tr.zmid == 0 else "viridis", vmin=tr.zmin, vmax=tr.zmax)
-                ax.set_xticks(range(z.shape[1]), [str(v) for v in (tr.x if tr.x is not None else range(z.shape[1]))], fontsize=7)
-                ax.set_yticks(range(z.shape[0]), [str(v) for v in (tr.y if tr.y is not None else range(z.shape[0]))], fontsize=7)
-                out.colorbar(im, ax=ax, shrink=0.8)
-            elif tr.type == "bar":
-                ax.bar(list(tr.x), list(tr.y), width=1.0)
-            elif tr.type == "scatter":
-                ax.plot(list(tr.x) if tr.x is not None else range(len(tr.y)), list(tr.y), marker=".", label=tr.name)
-        if any(tr.type == "scatter" and tr.name for tr in fig.data):
-            ax.legend(fontsize=7)
-        title = (lay.title.text or "").split("<br>")[0]
-        ax.set(title=title, xlabel=lay.xaxis.title.text or "", ylabel=lay.yaxis.title.text or "")
-        buf = io.BytesIO()
-        out.savefig(buf, format="png", bbox_inches="tight")
-        return buf.getvalue()
-    finally:
-        plt.close(out)
+    out = Figure(figsize=((lay.width or 640) / 100, (lay.height or 380) / 100), dpi=dpi)
+    ax = out.subplots()
+    for tr in fig.data:
+        if tr.type == "heatmap":
+            z = np.asarray(tr.z, dtype=np.float64)
+            im = ax.imshow(z, aspect="auto", cmap="RdBu" if tr.zmid == 0 else "viridis", vmin=tr.zmin, vmax=tr.zmax)
+            ax.set_xticks(range(z.shape[1]), [str(v) for v in (tr.x if tr.x is not None else range(z.shape[1]))], fontsize=7)
+            ax.set_yticks(range(z.shape[0]), [str(v) for v in (tr.y if tr.y is not None else range(z.shape[0]))], fontsize=7)
+            out.colorbar(im, ax=ax, shrink=0.8)
+        elif tr.type == "bar":
+            ax.bar(list(tr.x), list(tr.y), width=1.0)
+        elif tr.type == "scatter":
+            ax.plot(list(tr.x) if tr.x is not None else range(len(tr.y)), list(tr.y), marker=".", label=tr.name)
+    if any(tr.type == "scatter" and tr.name for tr in fig.data):
+        ax.legend(fontsize=7)
+    title = (lay.title.text or "").split("<br>")[0]
+    ax.set(title=title, xlabel=lay.xaxis.title.text or "", ylabel=lay.yaxis.title.text or "")
+    buf = io.BytesIO()
+    out.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()

@@ -60,9 +60,7 @@ def plot_grid(df: pd.DataFrame, task: str, metric: str):
 # %% ../nbs/04_plots.ipynb #04c006
 def save_heatmaps(df: pd.DataFrame, path_stem: str | Path, pairs: list[tuple[str, str]] | None = None) -> list[Path]:
     "Write the heatmaps of `pairs` (default: headline metrics) to PATH_STEM.html (interactive) and PATH_STEM.png."
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure     # not pyplot: no backend switch, no global figure to close
     pairs = pairs or headline(df)
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +70,8 @@ def save_heatmaps(df: pd.DataFrame, path_stem: str | Path, pairs: list[tuple[str
                     + "\n".join(parts) + "</body></html>", encoding="utf-8")
     cols = min(3, len(pairs))
     rows = -(-len(pairs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    fig = Figure(figsize=(4.6 * cols, 3.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (t, m) in zip(axes.flat, pairs):
         tab = grid_table(df, t, m)
         im = ax.imshow(tab.values, aspect="auto", origin="lower", cmap="viridis")
@@ -88,7 +87,6 @@ def save_heatmaps(df: pd.DataFrame, path_stem: str | Path, pairs: list[tuple[str
     fig.tight_layout()
     png = stem.with_suffix(".png")
     fig.savefig(png, dpi=110)
-    plt.close(fig)
     return [html, png]
 
 # %% ../nbs/04_plots.ipynb #04c015
@@ -159,19 +157,35 @@ def _rows_up(layout, trace) -> bool:
     "Whether a heatmap's first row is drawn at the bottom (plotly's default) rather than the top (a reversed y axis)."
     return layout[(trace.yaxis or "y").replace("y", "yaxis", 1)].autorange != "reversed"
 
+def _plain_title(text: str | None, width_px: float) -> str:
+    "A plotly title as matplotlib text: <br> a new line, other tags dropped, lines wrapped to the figure's width."
+    import re, textwrap
+    lines = re.sub(r"<[^>]+>", "", re.sub(r"<br\s*/?>", "\n", text or "")).split("\n")
+    return "\n".join(textwrap.fill(l, max(20, int(width_px / 7.5))) for l in lines if l.strip())
+
+def _categories(traces) -> list[str]:
+    "The category labels of traces' x values, in order of first appearance (as plotly orders a category axis)."
+    return list(dict.fromkeys(str(v) for t in traces for v in t.x))
+
 _MARKERS = {"circle": "o", "square": "s", "diamond": "D", "cross": "P", "x": "X", "triangle-up": "^", "triangle-down": "v"}
 
 def to_matplotlib(fig, dpi: int = 100):
     "The plotly figure fig redrawn as a matplotlib Figure of the same pixel size (see the section text for what it covers)."
     import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure     # not pyplot: a notebook's inline matplotlib backend stays as it was
     lay = fig.layout
     w, h = lay.width or 700, lay.height or 450
-    mfig = plt.figure(figsize=(w / dpi, h / dpi), dpi=dpi)
+    mfig = Figure(figsize=(w / dpi, h / dpi), dpi=dpi)
+    FigureCanvasAgg(mfig)                    # its own raster canvas: mfig.canvas.draw() / buffer_rgba() work
+    title = _plain_title(lay.title.text, w)
+    bars = [t for t in fig.data if t.type == "bar"]
+    cats = _categories(bars) if bars and (lay.xaxis.type == "category" or isinstance(bars[0].x[0], str)) else None
+    turn = cats is not None and sum(len(c) + 2 for c in cats) * 6.5 > w - 95            # labels too long side by side
     right = 95 if any(t.type == "heatmap" for t in fig.data) else 20                    # margins in pixels: room for a
-    bottom = 75 if lay.legend.orientation == "h" else 50                                # colour bar, a legend below,
-    box = (75 / w, bottom / h, 1 - right / w, 1 - 55 / h)                               # tick and axis labels, the title
+    bottom = (75 if lay.legend.orientation == "h" else 50) + (4.6 * max(map(len, cats)) if turn else 0)   # colour bar,
+    box = (75 / w, bottom / h, 1 - right / w, 1 - (40 + 17 * (title.count("\n") + 1)) / h)   # a legend below, tick
+    # and axis labels (turned upright where they would overlap), the title's lines
     to_fig = lambda x, y: (box[0] + x * (box[2] - box[0]), box[1] + y * (box[3] - box[1]))    # paper -> figure coords
     axes = {}
     def axis(t):
@@ -218,8 +232,16 @@ def to_matplotlib(fig, dpi: int = 100):
             if label:
                 legend.append(line)
         elif t.type == "bar":
-            ax.bar([str(v) for v in t.x] if lay.xaxis.type == "category" else t.x, t.y,
-                   color=_mpl_colour(t.marker.color), width=1.0 - (lay.bargap if lay.bargap is not None else 0.2))
+            group = len(bars) if lay.barmode == "group" else 1                          # side by side in each slot,
+            width = (1.0 - (lay.bargap if lay.bargap is not None else 0.2)) / group      # in trace order, as plotly
+            shift = (bars.index(t) - (group - 1) / 2) * width if group > 1 else 0.0
+            x = np.array([cats.index(str(v)) for v in t.x]) if cats is not None else np.asarray(t.x, dtype=np.float64)
+            label = t.name if t.showlegend is not False and t.name else None
+            drawn = ax.bar(x + shift, t.y, color=_mpl_colour(t.marker.color), width=width, label=label)
+            if label:
+                legend.append(drawn)
+            if cats is not None:
+                ax.set_xticks(range(len(cats)), cats, rotation=90 if turn else 0, fontsize=7 if turn else None)
         else:
             z = np.asarray(t.z, dtype=np.float64)
             im = ax.imshow(z, aspect="auto", origin="lower" if _rows_up(lay, t) else "upper",
@@ -250,8 +272,8 @@ def to_matplotlib(fig, dpi: int = 100):
         else:
             raise ValueError(f"to_matplotlib draws paper-anchored annotations and line labels; this one is anchored to "
                              f"({a.xref}, {a.yref})")
-    if lay.title.text:
-        mfig.suptitle(lay.title.text, x=0.01, ha="left", fontsize=12)
+    if title:
+        mfig.suptitle(title, x=0.01, ha="left", fontsize=12)
     if legend and lay.showlegend is not False and (len(legend) > 1 or lay.showlegend):
         if lay.legend.orientation == "h":
             mfig.legend(handles=legend, loc="lower center", ncol=min(len(legend), 3), fontsize=8, frameon=False)
@@ -268,10 +290,8 @@ class with_png:
     def png(self) -> bytes:
         "The PNG bytes (no software metadata, so the same inputs and versions give the same bytes)."
         import io
-        import matplotlib.pyplot as plt
         mfig, buf = to_matplotlib(self.fig, self.dpi), io.BytesIO()
         mfig.savefig(buf, format="png", dpi=self.dpi, metadata={"Software": None})
-        plt.close(mfig)
         return buf.getvalue()
     def _repr_mimebundle_(self, include=None, exclude=None):
         import base64
