@@ -34,7 +34,8 @@ PAPER_MIPIC = {"detach_att_teacher": False}   # Eq. 4 fixes only h_CLS (11_mipic
 MIPIC_LOSS_LR = 1e-2   # P_i and phi_i at their own lr: at the encoder's they barely move and MIPIC collapses (issue 15, below)
 MIPIC_ABLATIONS = {"no_sia": {"use_sia": False}, "no_pic": {"use_pic": False},   # mipic.txt Table 3
                    "equal_dims": {"progressive_dims": False}, "full_tokens": {"topk": False},   # Tables 4 and 8
-                   "no_att": {"use_att": False}, "att_tau1": {"att_tau": 1.0}}   # Table 9; a soft attention teacher (issue 15)
+                   "no_att": {"use_att": False}, "att_tau1": {"att_tau": 1.0},   # Table 9; a soft attention teacher (issue 15)
+                   "cls_anchor": {"anchor": "cls"}}   # Eq. 4's [CLS] anchor instead of the model's own pooling (issue 15)
 VARIANTS = {   # name -> what it trains with; the papers' ablations are variants of their method
     "untrained": {"method": "base"}, "base": {"method": "base"}, "mrl": {"method": "mrl"},
     "2dmse": {"method": "2dmse", "loss_options": {"alignment": "features"}},          # Eq. 6 as the authors' code (06_losses)

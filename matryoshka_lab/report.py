@@ -44,7 +44,8 @@ LABELS = {"untrained": "untrained", "base": "base (no Matryoshka)", "mrl": "MRL"
           "mipic_encoder_lr": "MIPIC, P_i / phi_i at the encoder's lr", "mic": "MIC",
           "mic_scr_only": "MIC without SIR (SCR only)", "mic_sir_only": "MIC without SCR (SIR only)"}
 _MIPIC_ABLATED = {"no_sia": "without SIA", "no_pic": "without PIC", "no_att": "without attention alignment",
-                  "att_tau1": "`att_tau: 1`", "equal_dims": "equal PIC dims", "full_tokens": "every token"}
+                  "att_tau1": "`att_tau: 1`", "equal_dims": "equal PIC dims", "full_tokens": "every token",
+                  "cls_anchor": "`anchor: cls`"}
 LABELS.update({f"mipic_{k}": f"MIPIC, {v}" for k, v in _MIPIC_ABLATED.items()})
 LABELS.update({f"mipic_encoder_lr_{k}": f"MIPIC at the encoder's lr, {v}" for k, v in _MIPIC_ABLATED.items()})
 
