@@ -234,7 +234,7 @@ def to_matplotlib(fig, dpi: int = 100):
         elif t.type == "bar":
             group = len(bars) if lay.barmode == "group" else 1                          # side by side in each slot,
             width = (1.0 - (lay.bargap if lay.bargap is not None else 0.2)) / group      # in trace order, as plotly
-            shift = (bars.index(t) - (group - 1) / 2) * width if group > 1 else 0.0
+            shift = (next(k for k, b in enumerate(bars) if b is t) - (group - 1) / 2) * width if group > 1 else 0.0
             x = np.array([cats.index(str(v)) for v in t.x]) if cats is not None else np.asarray(t.x, dtype=np.float64)
             label = t.name if t.showlegend is not False and t.name else None
             drawn = ax.bar(x + shift, t.y, color=_mpl_colour(t.marker.color), width=width, label=label)
