@@ -294,10 +294,8 @@ def fractal_workers_table(results="results") -> str:
     r = _result_file(results, "bench", "fractal_workers.json",
                      command="python bench/fractal_workers.py --out results/bench/fractal_workers.json")["result"]
     w = str(r["workers"])
-    rows = {f"workers 1 ({r['threads']} torch threads)": {"median s": f"{r['median_seconds']['1']:.1f}",
-                                                        "each round": ", ".join(f"{v:.1f}" for v in r["seconds"]["1"])},
-            f"workers {w} (one process per head)": {"median s": f"{r['median_seconds'][w]:.1f}",
-                                                   "each round": ", ".join(f"{v:.1f}" for v in r["seconds"][w])},
+    timed = lambda k: {"median s": f"{r['median_seconds'][k]:.1f}", "each round": ", ".join(f"{v:.1f}" for v in r["seconds"][k])}
+    rows = {f"workers 1 ({r['threads']} torch threads)": timed("1"), f"workers {w} (one process per head)": timed(w),
             "speedup": {"median s": f"{r['speedup']:.2f}x", "each round": ""},
             "same S in every run": {"median s": "yes" if r["same_S"] else "no", "each round": ""}}
     return md_table(pd.DataFrame(rows).T.rename_axis(f"{r['source']}, {r['protocol']}: {r['heads']} heads (V5, MRL), "
