@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars
+from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars, to_matplotlib
 
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'safe_runs',
@@ -329,26 +329,7 @@ def figure_html(fig) -> bytes:
     return fig.to_html(include_plotlyjs=True, full_html=True).encode("utf-8")
 
 def figure_png(fig, dpi: int = 100) -> bytes:
-    "A plotly figure's heatmap, bar and scatter traces redrawn with matplotlib, as PNG bytes."
-    from matplotlib.figure import Figure     # not pyplot: no backend switch, no global figure to close
-    lay = fig.layout
-    out = Figure(figsize=((lay.width or 640) / 100, (lay.height or 380) / 100), dpi=dpi)
-    ax = out.subplots()
-    for tr in fig.data:
-        if tr.type == "heatmap":
-            z = np.asarray(tr.z, dtype=np.float64)
-            im = ax.imshow(z, aspect="auto", cmap="RdBu" if tr.zmid == 0 else "viridis", vmin=tr.zmin, vmax=tr.zmax)
-            ax.set_xticks(range(z.shape[1]), [str(v) for v in (tr.x if tr.x is not None else range(z.shape[1]))], fontsize=7)
-            ax.set_yticks(range(z.shape[0]), [str(v) for v in (tr.y if tr.y is not None else range(z.shape[0]))], fontsize=7)
-            out.colorbar(im, ax=ax, shrink=0.8)
-        elif tr.type == "bar":
-            ax.bar(list(tr.x), list(tr.y), width=1.0)
-        elif tr.type == "scatter":
-            ax.plot(list(tr.x) if tr.x is not None else range(len(tr.y)), list(tr.y), marker=".", label=tr.name)
-    if any(tr.type == "scatter" and tr.name for tr in fig.data):
-        ax.legend(fontsize=7)
-    title = (lay.title.text or "").split("<br>")[0]
-    ax.set(title=title, xlabel=lay.xaxis.title.text or "", ylabel=lay.yaxis.title.text or "")
+    "A plotly figure redrawn with matplotlib (`plots.to_matplotlib`: its heatmap, bar and line traces), as PNG bytes."
     buf = io.BytesIO()
-    out.savefig(buf, format="png", bbox_inches="tight")
+    to_matplotlib(fig, dpi).savefig(buf, format="png", bbox_inches="tight")
     return buf.getvalue()
