@@ -22,10 +22,11 @@ from .methods import get_method
 from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_config
 
 # %% auto #0
-__all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP', 'EVERY_METHOD',
-           'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config', 'run_one', 'add_tasks', 'run_baselines',
-           'save_results', 'read_results', 'seed_stats', 'stats_table', 'delta_table', 'task_metric', 'paired_test',
-           'paired_table', 'task_term', 'task_share', 'plot_baselines', 'plot_by_dim']
+__all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP',
+           'MIPIC_SETTING_METHODS', 'EVERY_METHOD', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config',
+           'run_one', 'add_tasks', 'run_baselines', 'save_results', 'read_results', 'seed_stats', 'stats_table',
+           'delta_table', 'task_metric', 'paired_test', 'paired_table', 'task_term', 'task_share', 'plot_baselines',
+           'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -58,6 +59,8 @@ VARIANTS = {   # name -> what it trains with; the papers' ablations are variants
 }
 # the mipic setting's sweep (nbs/13): MRL, MIPIC, MIC and the ablation of the term that dominates each one's gradient
 MIPIC_SWEEP = ("untrained", "mrl", "mipic", "mipic_no_pic", "mic", "mic_scr_only")
+# and beside it the baselines and MIPIC's earlier teacher, so that every method is compared under SimCSE too (issue 15)
+MIPIC_SETTING_METHODS = (*MIPIC_SWEEP, "base", "2dmse", "2dmse_similarity", "ese", "mipic_detached_teacher")
 # every method with its defaults and its earlier variant, in the regime where the task term leads (angle, below)
 EVERY_METHOD = ("untrained", "base", "mrl", "2dmse", "2dmse_similarity", "ese", "mipic", "mipic_encoder_lr", "mipic_detached_teacher",
                 "mic")
@@ -318,7 +321,7 @@ def plot_by_dim(summary: pd.DataFrame, panels: dict | None = None, methods=None,
         sts = [t for t in STS_TEST if t in tasks]
         panels = ({f"STS (mean of {len(sts)})": sts} if sts else {}) | {t: [t] for t in tasks if t not in STS_TEST and t != "stsb_dev"}
     methods = list(methods or dict.fromkeys(summary.method))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels) + 1.6, 3.3), squeeze=False, layout="constrained")
     for ax, (title, group) in zip(axes[0], panels.items()):
         metric = task_metric(group[0])
         st = seed_stats(summary, group, metric)
@@ -327,7 +330,7 @@ def plot_by_dim(summary: pd.DataFrame, panels: dict | None = None, methods=None,
             ax.errorbar(s.dim, s["mean"], yerr=s["std"], marker="o", ms=3, capsize=2, label=method)
         ax.set(title=title, xlabel="prefix dim", ylabel=metric, xscale="log")
         ax.set_xticks(sorted(set(st.dim)), [str(d) for d in sorted(set(st.dim))])
+        ax.minorticks_off()                                    # the log axis's own labels would print over the dims
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(*axes[0][-1].get_legend_handles_labels(), loc="outside right upper", fontsize=7)   # beside, not over, a panel
     return fig
