@@ -467,7 +467,7 @@ def fractal_synthetic_table(results="results", dataset: str = "clinc150", evalua
                           "MRL S": [fmt(m, s) for m, s in zip(t5["mrl S mean"], t5["mrl S std"])],
                           "paper V5 / MRL": t5["paper V5 / MRL"].tolist()}, index=[str(k) for k in t5.index])
     lo, hi = PAPER_T5_FIT["vertex_bits"]
-    table.loc["quadratic fit of V5's S on H(L0)"] = ["", f"R^2 = {fit['r2']:.3f}", f"vertex at {fit['vertex']:.2f} bits",
+    table.loc["quadratic fit of V5's S on H(L0)"] = [f"vertex at {fit['vertex']:.2f}", f"R^2 = {fit['r2']:.3f}", "",   # each under its head
                                                      f"R^2 = {PAPER_T5_FIT['r2']}, peak at {lo}-{hi} bits"]
     return md_table(table.rename_axis(f"{dataset}, K0 ({rows.seed.nunique()} seeds, {evaluation})"))
 
