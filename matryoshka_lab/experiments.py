@@ -294,21 +294,20 @@ def task_share(variant: str, setting: str, seed: int = 0, **overrides) -> dict:
             "cos_task_total": float(g_task @ g_total / (g_task.norm() * g_total.norm()).clamp_min(1e-300))}
 
 # %% ../nbs/10_baselines.ipynb #10c016
-def plot_baselines(stats: pd.DataFrame, dims: tuple | None = None, title: str = "mean Spearman x100 over seeds"):
-    "Matplotlib figure: one panel per prefix dim, mean score per layer for each method, error bars = std over seeds."
+def plot_baselines(stats: pd.DataFrame, dims: tuple | None = None, title: str = "mean Spearman x100 over seeds", methods=None):
+    "Matplotlib figure: one panel per prefix dim, mean score per layer for each of `methods` (default all), error bars = std over seeds."
     import matplotlib.pyplot as plt
     all_dims = sorted(set(stats.dim))
     dims = dims or (all_dims[0], all_dims[len(all_dims) // 2], all_dims[-1])
-    fig, axes = plt.subplots(1, len(dims), figsize=(4.3 * len(dims), 3.4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(dims), figsize=(4.3 * len(dims) + 1.6, 3.4), sharey=True, squeeze=False, layout="constrained")
     for ax, d in zip(axes[0], dims):
-        for method in dict.fromkeys(stats.method):
+        for method in methods or dict.fromkeys(stats.method):
             s = stats[(stats.method == method) & (stats.dim == d)].sort_values("layer")
             ax.errorbar(s.layer, s["mean"], yerr=s["std"], marker="o", ms=3, capsize=2, label=method)
         ax.set(title=f"d = {d}", xlabel="layer")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(title)
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(*axes[0][-1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)   # beside, not over, a panel
     return fig
 
 # %% ../nbs/10_baselines.ipynb #10c016a
