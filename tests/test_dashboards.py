@@ -455,15 +455,6 @@ NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0",
             "nbformat": 4, "nbformat_minor": 5}
 
 
-def accept_dialogs(page, asked: list):
-    "Accept what JupyterLab asks, as a user would (4.6 asks to Select Kernel when a notebook it just opened first runs a cell), noting each title in `asked`."
-    dialog = page.locator(".jp-Dialog").first
-    while dialog.count():
-        asked.append(dialog.locator(".jp-Dialog-header").inner_text())
-        dialog.locator(".jp-mod-accept").click()
-        dialog.wait_for(state="detached", timeout=10_000)
-
-
 def test_notebook_shows_new_step_within_2s(tmp_path):
     "JupyterLab in headless Chromium runs show() in a notebook (no internet needed); a step written by another process shows within 2 s."
     browser_or_skip()
@@ -488,7 +479,10 @@ def test_notebook_shows_new_step_within_2s(tmp_path):
                     break
                 if step.count():
                     break
-                accept_dialogs(page, asked)
+                dialog = page.locator(".jp-Dialog").first        # accepted as a user would (4.6 may ask to Select Kernel)
+                asked.append(dialog.locator(".jp-Dialog-header").inner_text())
+                dialog.locator(".jp-mod-accept").click()
+                dialog.wait_for(state="detached", timeout=10_000)
             if step.count():
                 break
             page.screenshot(path=str(ARTIFACTS / f"notebook_attempt{attempt}.png"), full_page=True)
