@@ -5,6 +5,7 @@
 # %% ../nbs/02_data.ipynb #02c003
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,46 +85,99 @@ class Sentences:
     def __len__(self): return len(self.text)
 
 # %% ../nbs/02_data.ipynb #02c009
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    "A JSON-lines file read record by record, so that a broken line (a truncated file) is named by its number."
+    rows, lines = [], []
+    with open(path, encoding="utf-8") as f:
+        text = f.read().split("\n")
+    for n, line in enumerate(text, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as err:
+            cut = " (the file ends inside this record: truncated?)" if n == len(text) else ""   # no newline after it
+            raise ValueError(f"{str(path)!r} line {n}: not valid JSON ({err}){cut}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{str(path)!r} line {n}: a record must be a JSON object, got {type(rec).__name__}")
+        rows.append(rec)
+        lines.append(n)
+    df = pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
+    df.attrs["lines"] = np.asarray(lines, dtype=np.int64)
+    return df
+
 def read_table(path: str | Path) -> pd.DataFrame:
-    "Rows of a .jsonl/.json/.csv/.tsv/.parquet file as a data frame."
+    "Rows of a .jsonl/.json/.csv/.tsv/.parquet file as a data frame; attrs name the file and each row's line."
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        df = pd.read_json(path, lines=True, dtype=False)
-    elif suffix == ".json":
-        df = pd.read_json(path, dtype=False)
-    elif suffix in (".csv", ".tsv"):
-        df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False)
-    elif suffix == ".parquet":
-        df = pd.read_parquet(path)
-    else:
+    if suffix not in (".jsonl", ".json", ".csv", ".tsv", ".parquet"):
         raise ValueError(f"unsupported file type {suffix!r} for {str(path)!r}: use .jsonl, .json, .csv, .tsv or .parquet")
+    try:
+        if suffix == ".jsonl":
+            df = _read_jsonl(path)
+        elif suffix == ".json":
+            df = pd.read_json(path, dtype=False)
+        elif suffix in (".csv", ".tsv"):
+            df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False)
+        else:
+            df = pd.read_parquet(path)
+    except ValueError as err:
+        if str(err).startswith(repr(str(path))):
+            raise
+        raise ValueError(f"{str(path)!r} cannot be read as {suffix[1:]}: {err}") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as err:   # pyarrow's errors are OSErrors too
+        raise ValueError(f"{str(path)!r} cannot be read as {suffix[1:]}: {err}") from None
     if df.empty:
         raise ValueError(f"{str(path)!r} has no rows")
-    df.attrs["source"] = str(path)
+    first = 2 if suffix in (".csv", ".tsv") else 1   # csv: line 1 is the header; json, parquet: row numbers
+    lines = df.attrs.get("lines", np.arange(first, first + len(df)))
+    df.attrs.update(source=str(path), origins=[(str(path), lines, "row" if suffix in (".json", ".parquet") else "line")])
     return df
 
-def _columns(df: pd.DataFrame, *names: str) -> list:
-    "The named columns of `df` as lists, or a ValueError naming the missing ones and the source."
+def _where(df: pd.DataFrame, label) -> str:
+    "'FILE line N' of the row with index label `label` (its place in the files it was read from)."
+    offset = label if isinstance(label, (int, np.integer)) else None
+    for source, lines, unit in df.attrs.get("origins", []):
+        if offset is not None and offset < len(lines):
+            return f"{source!r} {unit} {lines[offset]}"
+        offset = None if offset is None else offset - len(lines)
+    return f"{df.attrs.get('source', 'data frame')} row {label}"
+
+def _columns(df: pd.DataFrame, *names: str, numeric: tuple = ()) -> list:
+    "The named columns of `df` as lists; a ValueError names a missing column, or the first row lacking a value (file and line)."
     missing = [n for n in names if n not in df.columns]
     if missing:
         raise ValueError(f"missing column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} in "
                          f"{df.attrs.get('source', 'data frame')} (it has: {', '.join(map(str, df.columns))})")
     if df.empty:
         raise ValueError(f"{df.attrs.get('source', 'data frame')} has no rows")
-    return [df[n].tolist() for n in names]
+    out = []
+    for n in names:
+        col = df[n]
+        if n in numeric:
+            values = pd.to_numeric(col.where(col != "", np.nan), errors="coerce")
+            bad = ~np.isfinite(values.to_numpy(dtype=np.float64, na_value=np.nan))
+        else:
+            values, bad = col, col.isna().to_numpy()
+        if bad.any():
+            label, first = df.index[bad][0], col[bad].iloc[0]
+            what = "no value" if first is None or first == "" or (isinstance(first, float) and np.isnan(first)) else f"{first!r}, not a number"
+            more = f" (and {int(bad.sum()) - 1} more rows)" if bad.sum() > 1 else ""
+            raise ValueError(f"{_where(df, label)}: {n!r} has {what}{more}")
+        out.append(values.tolist())
+    return out
 
 def _texts(values: list) -> list[str]:
-    return ["" if v is None or (isinstance(v, float) and np.isnan(v)) else str(v) for v in values]
+    return [str(v) for v in values]
 
 def sts_from_frame(df: pd.DataFrame, sentence1="sentence1", sentence2="sentence2", score="score") -> STSData:
-    a, b, y = _columns(df, sentence1, sentence2, score)
+    a, b, y = _columns(df, sentence1, sentence2, score, numeric=(score,))
     return STSData(_texts(a), _texts(b), np.asarray(y, dtype=np.float64))
 
 def pairs_from_frame(df: pd.DataFrame, sentence1="sentence1", sentence2="sentence2", label="label") -> PairData:
-    a, b, y = _columns(df, sentence1, sentence2, label)
+    a, b, y = _columns(df, sentence1, sentence2, label, numeric=(label,))
     return PairData(_texts(a), _texts(b), np.asarray(y, dtype=np.int64))
 
 def classification_from_frame(df: pd.DataFrame, text="text", label="label") -> ClassificationData:
@@ -242,8 +296,12 @@ class Task:
     def kind(self) -> str: return self.spec.kind
 
 def _concat(frames: list[pd.DataFrame], source: str) -> pd.DataFrame:
+    "The frames one after the other; attrs keep every row's file and line."
+    origins = [o for f in frames for o in f.attrs.get("origins", [])]
+    for f in frames:
+        f.attrs = {}          # (pandas compares the frames' attrs when concatenating; theirs hold arrays)
     df = pd.concat(frames, ignore_index=True)
-    df.attrs["source"] = source
+    df.attrs.update(source=source, origins=origins)
     return df
 
 def _load_local(spec: TaskSpec, root: Path) -> Task:
