@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,10 +22,10 @@ import pandas as pd
 from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars, to_matplotlib
 
 # %% auto #0
-__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'safe_runs',
-           'parse_record', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'natural_key',
-           'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html',
-           'figure_png']
+__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'read_file',
+           'safe_runs', 'parse_record', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot',
+           'natural_key', 'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves',
+           'figure_html', 'figure_png']
 
 # %% ../nbs/19_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -62,6 +63,27 @@ def run_file(root: str | Path, name: str, filename: str) -> Path:
     if not _inside(path, root):
         raise ValueError(f"{filename} of run {name!r} leads outside the runs root")
     return path
+
+# %% ../nbs/19_dashboard.ipynb #19c007a
+def read_file(path: str | Path, root: str | Path, max_bytes: int) -> bytes:
+    "The bytes of a regular file inside root; ValueError for a FIFO, device or other special file, a symlink out of root, or more than max_bytes."
+    path = Path(path)
+    if not _inside(path, root):
+        raise ValueError(f"{path.name} leads outside the runs root")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # opening a FIFO never waits for a writer
+    except OSError as err:
+        raise ValueError(f"{path.name} cannot be opened ({err.strerror})") from None
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        if st.st_size > max_bytes:
+            raise ValueError(f"{path.name} has {st.st_size} bytes, more than the {max_bytes} read")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:   # it grew while being read
+        raise ValueError(f"{path.name} has more than the {max_bytes} bytes read")
+    return data
 
 # %% ../nbs/19_dashboard.ipynb #19c009
 def safe_runs(root: str | Path, max_depth: int = 3) -> list[str]:
@@ -139,12 +161,15 @@ class MetricsTail:
 
 # %% ../nbs/19_dashboard.ipynb #19c015
 def _read_new(self) -> bytes | None:
-    "The bytes after the offset (at most max_bytes), restarting on truncation or replacement; None if unreadable."
+    "The bytes after the offset (at most max_bytes), restarting on truncation or replacement; None if unreadable or not a regular file."
     try:
         if self.root is not None and not _inside(self.path, self.root):
             raise FileNotFoundError(self.path)
-        with open(self.path, "rb") as f:
-            st = os.fstat(f.fileno())
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # a FIFO opens at once, and is refused
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(self.path)
             if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset or self.missing):
                 self.restarts += 1
                 self._reset()
@@ -230,12 +255,12 @@ def list_snapshots(run_dir: str | Path, name: str) -> list[int]:
     steps = [f[5:-4] for f in files if f.startswith("step_") and f.endswith(".npy")]
     return sorted(int(s) for s in steps if s.isdigit())
 
-def load_snapshot(run_dir: str | Path, name: str, step: int) -> np.ndarray:
-    "The snapshot NAME at step, read with allow_pickle=False; ValueError if its real path leaves run_dir."
+def load_snapshot(run_dir: str | Path, name: str, step: int, max_bytes: int = 256 << 20) -> np.ndarray:
+    "The snapshot NAME at step, read with allow_pickle=False; ValueError if it leaves run_dir, is no regular file or is larger than max_bytes."
     path = _array_dir(run_dir, name) / f"step_{int(step):07d}.npy"
     if not _inside(path, run_dir):
         raise ValueError(f"snapshot {name}/{path.name} leads outside the run directory")
-    return np.load(path, allow_pickle=False)
+    return np.load(io.BytesIO(read_file(path, run_dir, max_bytes)), allow_pickle=False)
 
 # %% ../nbs/19_dashboard.ipynb #19c027
 def natural_key(name: str) -> tuple:
@@ -307,11 +332,10 @@ def fractal_results(run_dir: str | Path, max_bytes: int = 16 << 20) -> dict[str,
         return out
     for p in files:
         try:
-            if p.stat().st_size <= max_bytes:
-                res = json.loads(p.read_text(encoding="utf-8"))
-                if isinstance(res, dict) and {"dims", "levels", "summary"} <= set(res):
-                    out[p.name] = res
-        except (OSError, ValueError):
+            res = json.loads(read_file(p, run_dir, max_bytes))   # a FIFO or an oversized file is skipped, never waited on
+            if isinstance(res, dict) and {"dims", "levels", "summary"} <= set(res):
+                out[p.name] = res
+        except ValueError:
             continue
     return out
 

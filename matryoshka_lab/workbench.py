@@ -19,15 +19,15 @@ import panel as pn
 
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
-    list_arrays, list_snapshots, load_snapshot, natural_key, resolve_run, run_file, runs_root, safe_runs,
+    list_arrays, list_snapshots, load_snapshot, natural_key, read_file, resolve_run, run_file, runs_root, safe_runs,
     snapshot_figure, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'client_allowed', 'empty_figure', 'lines_figure', 'default_train',
-           'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'tab', 'find_grids', 'read_grid',
-           'grid_view', 'Workbench', 'build_app', 'show']
+           'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'client_allowed', 'empty_figure',
+           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'tab',
+           'find_grids', 'read_grid', 'grid_view', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/20_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -126,11 +126,13 @@ def find_grids(root: Path) -> dict[str, Path]:
             found[f"{name}/grid.csv"] = path.resolve()
     return found
 
-def read_grid(path: Path) -> pd.DataFrame:
-    "A grid CSV, or an empty frame with the right columns when it is missing, partial or malformed."
+GRID_BYTES = 64 << 20   # the largest grid.csv read
+
+def read_grid(path: Path, root: Path) -> pd.DataFrame:
+    "A grid CSV under root, or an empty frame with the right columns when it is missing, partial, malformed or no regular file."
     try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError):
+        df = pd.read_csv(io.BytesIO(read_file(path, root, GRID_BYTES)))
+    except (ValueError, pd.errors.ParserError):
         return pd.DataFrame(columns=COLUMNS)
     if list(df.columns) != COLUMNS:
         return pd.DataFrame(columns=COLUMNS)
@@ -148,7 +150,7 @@ def grid_view(root: Path):
     state = {"df": pd.DataFrame(columns=COLUMNS)}
 
     def load(_=None):
-        state["df"] = read_grid(grids[run.value])
+        state["df"] = read_grid(grids[run.value], root)
         options = [f"{t} / {m}" for t, m in sorted(set(zip(state["df"].task, state["df"].metric)))]
         heads = [f"{t} / {m}" for t, m in headline(state["df"])] if len(state["df"]) else []
         pair.options = options
@@ -168,11 +170,14 @@ def grid_view(root: Path):
     return tab("Grids", [run, pair], pn.bind(view, pair, run))
 
 # %% ../nbs/20_workbench.ipynb #20c018
-def _read_config(run_dir: Path) -> dict:
+CONFIG_BYTES = 1 << 20   # the largest config.json read
+
+def _read_config(run_dir: Path, root: Path) -> dict:
+    "The run's config.json if it is a regular file under root of at most CONFIG_BYTES that holds a JSON object, else {}."
     try:
-        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+        cfg = json.loads(read_file(run_dir / "config.json", root, CONFIG_BYTES))
         return cfg if isinstance(cfg, dict) else {}
-    except (OSError, ValueError):
+    except ValueError:
         return {}
 
 class Workbench:
@@ -286,7 +291,7 @@ def _open_run(self, name: str | None) -> None:
         except ValueError as err:
             self.status.object = f"refused: {err}"
         else:
-            self.config = _read_config(self.run_dir)
+            self.config = _read_config(self.run_dir, self.root)
             self.status.object = ""
     self.train_choice.options, self.train_choice.value = [], []
     self.eval_choice.options, self.eval_choice.value = [], []
@@ -313,7 +318,8 @@ def _poll(self) -> int:
     if self.tail.last_step is not None:
         self.step.object = f"step {self.tail.last_step}"
     if self.tail.missing:
-        self.status.object = "metrics.jsonl is missing (run not started, or deleted): showing what was read"
+        self.status.object = ("metrics.jsonl is missing (run not started, or deleted) or not a regular file: "
+                              "showing what was read")
     elif self.tail.bad:
         self.status.object = f"{self.tail.bad} malformed line(s) skipped"
     if new:

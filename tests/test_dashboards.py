@@ -201,10 +201,10 @@ def test_finds_grids_and_refuses_escapes(tmp_path):
 def test_bad_files_do_not_crash(tmp_path):
     bad = tmp_path / "grid.csv"
     bad.write_text("task,layer,dim,metric,value\nstsb,0,16,spearman,5")   # half-written last line
-    assert len(dash.read_grid(bad)) == 1
+    assert len(dash.read_grid(bad, tmp_path)) == 1
     bad.write_text("not,a,grid\n1,2,3\n")
-    assert dash.read_grid(bad).empty
-    assert dash.read_grid(tmp_path / "missing.csv").empty
+    assert dash.read_grid(bad, tmp_path).empty
+    assert dash.read_grid(tmp_path / "missing.csv", tmp_path).empty
     wb = dash.build_app(tmp_path / "none")
     assert "No runs under the runs root" in wb.layout[0].object
     wb.tick()
@@ -246,6 +246,64 @@ def test_app_on_empty_nan_halfwritten_and_deleted_runs(tmp_path):
     assert "missing" in wb.status.object and "error" not in wb.status.object
     assert wb.step.object == "step 7" and "live" in wb.picker.options
     wb.compare()
+
+
+def special_files_root(root: Path) -> Path:
+    "A runs root whose runs hold special files: a FIFO metrics.jsonl (y), a config.json linked to /dev/zero, a FIFO grid.csv"
+    " and a FIFO result JSON beside a normal log (z), a FIFO snapshot (w)."
+    (root / "y").mkdir(parents=True)
+    os.mkfifo(root / "y" / "metrics.jsonl")
+    write_run(root / "z", snapshots=False)
+    (root / "z" / "config.json").unlink()
+    (root / "z" / "config.json").symlink_to("/dev/zero")
+    os.mkfifo(root / "z" / "grid.csv")
+    os.mkfifo(root / "z" / "result.json")
+    write_run(root / "w")
+    fifo = root / "w" / "arrays" / "diag_variance" / "step_0000009.npy"
+    os.mkfifo(fifo)
+    return root
+
+
+def test_special_files_never_block_the_workbench(tmp_path):
+    "Every view over a root of FIFOs and a /dev/zero symlink answers (in a child process, so a block fails the test)."
+    root = special_files_root(tmp_path / "runs")
+    code = f"""
+from matryoshka_lab import workbench as dash
+wb = dash.build_app({str(root)!r}, run="y")
+wb.tick()
+print("y:", wb.step.object, "|", wb.status.object)
+wb.picker.value = "z"
+wb.tick()
+print("z:", wb.step.object, "|", wb.config, "|", wb.steer_select.options)
+wb.picker.value = "w"
+wb.array_select.value = "diag_variance"
+print("w:", list(wb.snap_slider.options), "|", wb.snap_plot.object.layout.title.text)
+print("grids:", list(dash.find_grids(wb.root)))
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in res.stdout.strip().splitlines())
+    assert lines["y"] == "step - | metrics.jsonl is missing (run not started, or deleted) or not a regular file: showing what was read"
+    assert lines["z"] == "step 5 | {} | []"            # the log is read; the /dev/zero config and the FIFO result are not
+    assert lines["grids"] == "[]"                      # a FIFO grid.csv is not a grid
+    # the FIFO snapshot is listed by name, but drawing it is refused, never waited on
+    assert lines["w"] == "[1, 2, 3, 4, 5, 9] | diag_variance at step 9: cannot read (ValueError)"
+    with pytest.raises(ValueError, match="step_0000009.npy is not a regular file"):
+        load_snapshot(root / "w", "diag_variance", 9)
+
+
+def test_served_workbench_answers_beside_special_files(tmp_path):
+    "`panel serve` with ?run= a FIFO log or a /dev/zero config answers, its static files too, and SIGTERM ends it."
+    root = special_files_root(tmp_path / "runs")
+    port = free_port()
+    with serve(root, port) as (proc, _):
+        for run in ("y", "z", "w"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboards?run={run}", timeout=60) as r:
+                assert r.status == 200 and "matryoshka_lab" in r.read().decode()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/extensions/panel/panel.min.js", timeout=60) as r:
+            assert r.status == 200
+        proc.terminate()
+        assert proc.wait(timeout=20) is not None
 
 
 def test_dashboard_imports_no_torch():
