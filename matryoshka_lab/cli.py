@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +18,7 @@ from pathlib import Path
 from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
-__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'main']
+__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'check_out_file', 'main']
 
 # %% ../nbs/05_cli.ipynb #05c006
 DEMO_TASKS = ["stsb", "sickr", "clinc150"]
@@ -61,14 +63,14 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
     from matryoshka_lab.plots import save_heatmaps
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)   # a bad output folder fails now, not after the evaluation
     tasks, where = demo_tasks(data_dir)
     print(f"matryoshka-lab demo: model {model!r}; tasks {', '.join(tasks)} from {where}.")
     t0 = time.perf_counter()
     enc = Encoder.from_pretrained(model, precision=precision)
     df = evaluate(enc, tasks, layers="all", dims="16,32,64,128,256,384" if enc.hidden_size == 384 else "all",
                   data_dir=data_dir, batch_size=batch_size, progress=progress)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "grid.csv", index=False)
     files = save_heatmaps(df, out / "grid")
     command = " ".join(["matryoshka-lab demo", *([f"--model {model}"] if model != "embedded" else []),
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     t = sub.add_parser("train", help="train from a YAML config (configs/*.yaml); resumes a run directory's checkpoint")
     t.add_argument("config", help="YAML file with TrainConfig fields")
+    t.add_argument("--data-dir", default=None, help=f"data directory (default: the config's data_dir, else ${DATA_ENV})")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field (repeatable), e.g. --set max_steps=50")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -163,12 +166,27 @@ def _print_fractal(res: dict, out=sys.stdout) -> None:
         print(f"  v5 - mrl: mean {_num(t['mean_diff'])}, paired t({t['df']}) = {_num(t['t'], '.2f')}, p = {_num(t['p'], '.4f')}, "
               f"d = {_num(t['d'], '.2f')}", file=out)
 
+def check_out_file(path: str | Path, option: str = "--out") -> Path:
+    "path as a file to write once the work is done: refused now (ValueError) if it is a folder or its folder cannot be written."
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{option} {str(out)!r} is a directory: give a file name")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {str(out)!r} cannot be written: {str(folder)!r} is a file, not a folder")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"{option} {str(out)!r} cannot be written (no permission)")
+    return out
+
 def _fractal(args) -> None:
     import json
     from matryoshka_lab.fractal import run_fractal
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise ValueError(f"--out must be a .json file, got {args.out!r}")
+    check_out_file(out)   # before the minutes of training, not after
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
@@ -202,14 +220,20 @@ def _eval_defaults(args) -> None:
     args.dims = args.dims or "all"
 
 def _eval(args) -> None:
+    from matryoshka_lab.runs import RunLock
+    _eval_defaults(args)
+    out = check_out_file(args.out)   # before the encoding, not after
+    inside = args.run_dir is not None and out.resolve().is_relative_to(Path(args.run_dir).resolve())
+    with RunLock(args.run_dir) if inside else contextlib.nullcontext():   # a run directory's grid.csv: its one writer
+        _evaluate_to(args, out)
+
+def _evaluate_to(args, out: Path) -> None:
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
-    _eval_defaults(args)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     df = evaluate(enc, tasks, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".json":
         df.to_json(out, orient="records", indent=1)
@@ -224,12 +248,15 @@ def _eval(args) -> None:
 def _torchrun(args) -> int:
     "Run this same command in args.nproc processes under torchrun on this machine; its exit status."
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "matryoshka_lab.cli", "train", args.config, *sum((["--set", s] for s in args.overrides), [])]
+           "-m", "matryoshka_lab.cli", "train", args.config, *sum((["--set", s] for s in args.overrides), []),
+           *(["--data-dir", args.data_dir] if args.data_dir else [])]
     return subprocess.call(cmd + (["--no-progress"] if args.no_progress else []))
 
 def _train(args) -> int:
     from matryoshka_lab.trainer import Trainer, load_config
     cfg = load_config(args.config, args.overrides)   # config errors surface here, before any process starts
+    if args.data_dir:
+        cfg = dataclasses.replace(cfg, data_dir=args.data_dir)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
@@ -239,7 +266,9 @@ def _train(args) -> int:
         return _torchrun(args)
     main_process = os.environ.get("RANK", "0") == "0"
     if main_process:
-        print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}, {cfg.max_steps} steps -> {cfg.run_dir}")
+        where = resolve_data_dir(cfg.data_dir)
+        print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}"
+              f"{f' (data: {where})' if where else ''}, {cfg.max_steps} steps -> {cfg.run_dir}")
     Trainer(cfg, progress=not args.no_progress).fit()
     if not main_process:
         return 0
@@ -272,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             from matryoshka_lab.data import TASKS
             for t in TASKS.values():
                 print(f"{t.name:20s} {t.kind}")
-    except (ValueError, FloatingPointError) as err:  # bad arguments, data or a diverged run: one clear line
+    except (ValueError, FloatingPointError, OSError) as err:  # bad arguments or data, a diverged run, a full disk: one line
         print(f"error: {err}", file=sys.stderr)
         return 2
     return rc

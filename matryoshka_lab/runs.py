@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,23 +17,45 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+try:
+    import fcntl                  # POSIX; the run lock needs it
+except ImportError:               # pragma: no cover - Windows
+    fcntl = None
+
 # %% auto #0
-__all__ = ['METRIC_COLUMNS', 'RunLog', 'parse_metrics', 'Run', 'read_run']
+__all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'parse_metrics', 'Run', 'read_run']
 
 # %% ../nbs/07_runs.ipynb #07c006
 METRIC_COLUMNS = ["step", "time", "split", "name", "value"]
 
 class RunLog:
     "The one writer of a run directory: config.json once, metrics.jsonl appended and flushed, arrays/ snapshots."
-    def __init__(self, run_dir: str | Path, config: dict | None = None, start_time: float | None = None):
+    def __init__(self, run_dir: str | Path, config: dict | None = None, start_time: float | None = None,
+                 keep_until: int | None = None):   # a restart from step N: records after N (a dead attempt's) are dropped
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time() if start_time is None else start_time
         if config is not None:
-            tmp = self.dir / "config.json.tmp"
-            tmp.write_text(json.dumps(config, indent=1, sort_keys=True, default=str), encoding="utf-8")
-            os.replace(tmp, self.dir / "config.json")
+            _write_atomic(self.dir / "config.json", json.dumps(config, indent=1, sort_keys=True, default=str))
+        if keep_until is not None:
+            self._truncate(keep_until)
         self._file = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+        if self._file.tell() and not _ends_with_newline(self.dir / "metrics.jsonl"):
+            self._file.write("\n")   # a crash's half-written last line stays alone (and skipped), not glued to ours
+
+    def _truncate(self, step: int) -> None:
+        "Rewrite metrics.jsonl with only the complete records of steps <= step (atomically: a reader sees old or new)."
+        path = self.dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        keep = []
+        for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    keep.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue   # a half-written line of the attempt that died
+        _write_atomic(path, "".join(keep))
 
     def log(self, step: int, name: str, value: float, split: str = "train") -> None:
         "Append one record and flush it (NaN and inf are written as null, never as invalid JSON)."
@@ -58,6 +82,90 @@ class RunLog:
 
     def close(self) -> None:
         self._file.close()
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+def _write_atomic(path: Path, text: str) -> None:
+    "Write text to path through a temporary file and a rename; on failure (a full disk) nothing is left half-written."
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+# %% ../nbs/07_runs.ipynb #07c006b
+LOCK_NAME = ".lock"
+
+class RunInUse(ValueError):
+    "Another process (or another open lock in this one) is writing the run directory."
+    @classmethod
+    def by(cls, run_dir: str | Path, holder: str) -> "RunInUse":
+        return cls(f"run directory {str(run_dir)!r} is in use by {holder}; wait for it to end, stop it, or use another run_dir")
+
+class RunLock:
+    "The one-writer lock of a run directory (an flock on RUN/.lock, released by the kernel when its process ends)."
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        "Take the lock or raise RunInUse naming the process that holds it."
+        if fcntl is None:
+            raise OSError("run directory locks need POSIX fcntl (Linux, macOS)")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(os.pread(fd, 4096, 0))
+            os.close(fd)
+            raise RunInUse.by(self.dir, holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                                  "command": " ".join(sys.argv)[:500]}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)   # closing the descriptor releases the lock
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+def _describe(raw: bytes) -> str:
+    "The lock holder as a phrase: 'process 123 on host (matryoshka-lab train ...)'."
+    try:
+        h = json.loads(raw)
+        return f"process {h['pid']} on {h['host']} ({h['command']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
+
+def run_holder(run_dir: str | Path) -> str | None:
+    "Who holds the run directory's lock, or None when nobody does (a probe: takes and drops the lock)."
+    path = Path(run_dir) / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _describe(os.pread(fd, 4096, 0))
+    finally:
+        os.close(fd)
 
 # %% ../nbs/07_runs.ipynb #07c008
 def parse_metrics(text: str) -> pd.DataFrame:

@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import numbers
 import os
 import shutil
 import signal
@@ -22,19 +24,60 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .core import parse_dims, resolve_device, seed_everything
+from .core import parse_dims, resolve_data_dir, resolve_device, seed_everything
 from .data import PairData, STSData, load_task
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import get_objective
 from .methods import (DEFAULT_METHOD, Callback, CancelFit, LossContext, TrainData, get_method,
                                     migrate_legacy)
-from .runs import RunLog, read_run
+from .runs import RunInUse, RunLock, RunLog, read_run, run_holder
 
 # %% auto #0
 __all__ = ['PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'objective_data', 'training_data',
            'load_encoder', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint', 'latest_checkpoint',
-           'load_checkpoint', 'export_model', 'EvalCallback', 'CheckpointCallback', 'Trainer', 'config_changes',
-           'Launched', 'launch']
+           'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'export_model', 'preflight', 'EvalCallback',
+           'CheckpointCallback', 'Trainer', 'config_changes', 'check_run_dir', 'Launched', 'launch']
+
+# %% ../nbs/08_trainer.ipynb #08c006a
+def _number(name: str, value, whole: bool):
+    "value as an int (whole) or a float; a numeric string ('1e3') is read as a number; anything else is refused."
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):   # numpy numbers too
+        raise ValueError(f"{name} must be a {'whole ' if whole else ''}number, got {value!r}")
+    if whole and value != int(value):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return int(value) if whole else float(value)
+
+def _typed(name: str, kind: str, value):
+    "A config field's value checked (and, where lossless, converted) against its annotation `kind`."
+    if value is None and kind.endswith("| None"):
+        return None
+    base = kind.split(" |")[0]
+    if base in ("int", "float"):
+        return _number(name, value, whole=base == "int")
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+    if base == "str":                          # eval_layers: 99 or [0, 3] are written as '99', '0,3'
+        whole = lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        if isinstance(value, (list, tuple)) and value and all(whole(v) for v in value):
+            return ",".join(map(str, value))
+        if isinstance(value, os.PathLike) or whole(value):
+            return str(value)
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        return value
+    if base == "tuple":
+        items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
+        if isinstance(items, (dict, bytes)) or not hasattr(items, "__iter__"):   # a list, tuple or array
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        return tuple(_number(f"each of {name}", v, whole=True) for v in items) if name == "dims" else tuple(map(str, items))
+    return value
 
 # %% ../nbs/08_trainer.ipynb #08c006
 PAIR_OBJECTIVES = ("infonce", "cosent", "angle", "angle_term")
@@ -43,13 +86,13 @@ PAIR_OBJECTIVES = ("infonce", "cosent", "angle", "angle_term")
 class TrainConfig:
     "Everything a run needs; saved as config.json in its run directory."
     model: str = "embedded"                   # embedded, a model folder, a run directory or a Hub id
-    data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA
+    data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA (the trainer records the directory it used)
     run_dir: str = "runs/mrl"                 # where config.json, metrics.jsonl, checkpoints/ and model/ go
     method: str = DEFAULT_METHOD              # a registered method (methods.method_names()) or 'package.module:Attribute'
     loss_options: dict = field(default_factory=dict)   # the method's own options (Method.option_names())
     objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
     train_task: str = "wiki_sents"            # any task; simcse uses its texts, pair objectives its (train) pairs
-    dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims; 2DMSE draws d from those below D
+    dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims, smallest first; 2DMSE draws d from those below D
     max_steps: int = 200
     batch_size: int = 32
     grad_accum: int = 1                       # micro-batches per optimizer step
@@ -67,7 +110,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     checkpoint_every: int = 50                # steps between checkpoints (0: only at the end)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2                 # newest checkpoints kept (0: all); 2 leaves one to fall back on
     eval_every: int = 0                       # steps between evaluations (0: only at the end; -1: never)
     eval_tasks: tuple = ("stsb_dev",)            # evaluated every eval_every steps and at the end
     eval_layers: str = "all"
@@ -77,31 +120,51 @@ class TrainConfig:
     amp: bool = True                          # mixed precision on CUDA (ignored on CPU)
 
     def __post_init__(self):
+        for f in fields(self):                # types first: 1.5 steps or a list for a number are refused, not coerced
+            object.__setattr__(self, f.name, _typed(f.name, f.type, getattr(self, f.name)))
+        dims = self.dims
         checks = [(self.objective in ("simcse",) + PAIR_OBJECTIVES,
                    f"objective must be simcse or one of {PAIR_OBJECTIVES}, got {self.objective!r}"),
                   (self.schedule in ("linear", "cosine", "constant"),
                    f"schedule must be linear, cosine or constant, got {self.schedule!r}"),
+                  (len(dims) >= 1 and min(dims) >= 1, f"dims must be positive prefix sizes, got {list(dims)}"),
+                  (list(dims) == sorted(set(dims)),
+                   f"dims must be increasing, without repeats, got {list(dims)}: list them smallest first "
+                   "(per-dim options such as loss_options.weights follow that order)"),
                   (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
                   (self.batch_size >= 2, f"batch_size must be at least 2 (in-batch negatives), got {self.batch_size}"),
                   (self.grad_accum >= 1, f"grad_accum must be at least 1, got {self.grad_accum}"),
                   (self.lr > 0, f"lr must be positive, got {self.lr}"),
                   (self.loss_lr is None or self.loss_lr > 0, f"loss_lr must be positive, got {self.loss_lr}"),
+                  (self.weight_decay >= 0, f"weight_decay must be 0 or more, got {self.weight_decay}"),
                   (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
+                  (self.grad_clip >= 0, f"grad_clip must be 0 (off) or more, got {self.grad_clip}"),
+                  (self.max_length >= 2, f"max_length must be at least 2 tokens (with the special tokens), got {self.max_length}"),
                   (self.temperature > 0, f"temperature must be positive, got {self.temperature}"),
                   (self.reinit_layers >= 0, f"reinit_layers must be 0 or more, got {self.reinit_layers}"),
+                  (self.log_every >= 1, f"log_every must be at least 1, got {self.log_every}"),
+                  (self.checkpoint_every >= 0, f"checkpoint_every must be 0 (only at the end) or more, got {self.checkpoint_every}"),
+                  (self.keep_checkpoints >= 0, f"keep_checkpoints must be 0 (all) or more, got {self.keep_checkpoints}"),
+                  (self.eval_every >= -1, f"eval_every must be -1 (never), 0 (at the end) or more, got {self.eval_every}"),
+                  (len(self.eval_tasks) >= 1 or self.eval_every == -1, "eval_tasks is empty: name a task, or eval_every=-1"),
                   (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
                                                  f"number of steps, got {self.diagnostics_every}")]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
         get_method(self.method).check_options(self.loss_options)   # an unknown method or option: one clear error
-        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
-        object.__setattr__(self, "eval_tasks", tuple(self.eval_tasks))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 # %% ../nbs/08_trainer.ipynb #08c008
+def _yaml(text: str, what: str):
+    "text parsed as YAML, or a ValueError naming `what` and where the YAML is broken."
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{what} is not valid YAML: {' '.join(str(err).split())}") from None
+
 def make_config(values: dict | None = None, overrides: list[str] | tuple = ()) -> TrainConfig:
     "A TrainConfig from a dict of fields and 'key=value' overrides ('loss_options.KEY=value' sets one option)."
     values = dict(values or {})
@@ -109,28 +172,18 @@ def make_config(values: dict | None = None, overrides: list[str] | tuple = ()) -
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
         key, raw = (x.strip() for x in item.split("=", 1))
+        value = _yaml(raw, f"the value of override {item!r}")
         if key.startswith("loss_options."):
             options = values.get("loss_options") or {}
-            values["loss_options"] = {**(options if isinstance(options, dict) else {}), key.split(".", 1)[1]: yaml.safe_load(raw)}
+            values["loss_options"] = {**(options if isinstance(options, dict) else {}), key.split(".", 1)[1]: value}
         else:
-            values[key] = yaml.safe_load(raw)
+            values[key] = value
     values = migrate_legacy(values, warn=True)   # the six option keys that used to be top-level (07a_methods)
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                          f"known keys: {', '.join(sorted(known))}")
-    for key in ("dims", "eval_tasks"):
-        if isinstance(values.get(key), str):
-            values[key] = [x.strip() for x in values[key].split(",") if x.strip()]
-    casts = {"float": float, "int": int, "float | None": float, "int | None": int}
-    for f in fields(TrainConfig):   # YAML reads 1e-4 as a string; numbers are numbers here
-        value = values.get(f.name)
-        if isinstance(value, str) and f.type in casts:
-            try:
-                values[f.name] = casts[f.type](value)
-            except ValueError:
-                raise ValueError(f"config key {f.name!r} must be a number, got {value!r}") from None
     return TrainConfig(**values)
 
 def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainConfig:
@@ -138,7 +191,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
-    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    values = _yaml(path.read_text(encoding="utf-8"), f"config file {str(path)!r}") or {}
     if not isinstance(values, dict):
         raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values")
     return make_config(values, overrides)
@@ -287,16 +340,30 @@ def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> d
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
 def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2,
                     torch_states: list | None = None, loss_module: torch.nn.Module | None = None) -> Path:
-    "Write checkpoints/step_XXXXXXX atomically and keep only the newest `keep` (torch_states: every process's RNG)."
+    "Write checkpoints/step_XXXXXXX atomically, with a manifest of its files' hashes; keep only the newest `keep`."
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
-    encoder.model.save_pretrained(tmp / "model", safe_serialization=True)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(loss_gen, torch_states),
-                "loss": loss_module.state_dict() if loss_module is not None else {}}, tmp / "state.pt")
+    try:
+        export_model(encoder, tmp / "model")
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng": _rng_state(loss_gen, torch_states),
+                    "loss": loss_module.state_dict() if loss_module is not None else {}}, tmp / "state.pt")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        (tmp / "manifest.json").write_text(json.dumps({p.relative_to(tmp).as_posix(): _sha256(p) for p in files}, indent=1))
+    except OSError as err:   # a full disk: no half-written folder, the previous checkpoints untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(err.errno, f"writing checkpoint step {step} in {str(root)!r} failed ({err.strerror or err}); "
+                                 "the earlier checkpoints are untouched") from err
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
@@ -304,19 +371,34 @@ def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, sched
     return final
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    "The newest complete checkpoint of a run, if any."
+    "The newest complete checkpoint of a run, if any (complete: renamed into place; verified only when loaded)."
     done = [p for p in sorted((Path(run_dir) / "checkpoints").glob("step_*")) if (p / "state.pt").is_file()]
     return done[-1] if done else None
 
+# %% ../nbs/08_trainer.ipynb #08c014b
+def read_checkpoint(path: Path, device="cpu") -> tuple[dict, dict]:
+    "A checkpoint's model weights and state, verified against its manifest and read whole; ValueError naming what is wrong."
+    path = Path(path)
+    try:
+        manifest = path / "manifest.json"
+        if manifest.is_file():   # (checkpoints written before manifests were added are only read whole)
+            for name, digest in json.loads(manifest.read_text()).items():
+                if not (path / name).is_file() or _sha256(path / name) != digest:
+                    raise ValueError(f"{name} does not match its manifest")
+        from safetensors.torch import load_file
+        weights = load_file(str(path / "model" / "model.safetensors"), device=str(device))
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as err:   # truncated or garbled files raise many kinds of errors
+        raise ValueError(f"checkpoint {path.name} is unreadable ({type(err).__name__}: {err})".replace("\n", " ")) from err
+    return weights, state
+
 def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen, dist: Dist = Dist(),
                     loss_module: torch.nn.Module | None = None) -> int:
-    "Restore weights, optimizer, scheduler and RNG states from a checkpoint; returns its step."
-    from safetensors.torch import load_file
-    weights = load_file(str(path / "model" / "model.safetensors"), device=str(encoder.device))
+    "Restore weights, optimizer, scheduler and RNG states from a verified checkpoint (nothing is touched if it is not); its step."
+    weights, state = read_checkpoint(path, encoder.device)
     missing, unexpected = encoder.model.load_state_dict(weights, strict=False)
     if unexpected or [k for k in missing if "position_ids" not in k]:
         raise ValueError(f"checkpoint {str(path)!r} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     if loss_module is not None:
         loss_module.load_state_dict(state.get("loss", {}))
     optimizer.load_state_dict(state["optimizer"])
@@ -333,6 +415,23 @@ def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen
     if "cuda" in state["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["rng"]["cuda"])
     return int(state["step"])
+
+def resume_checkpoint(run_dir: str | Path, main: bool = True) -> Path | None:
+    "The newest checkpoint that verifies; newer ones that do not are moved aside (by the main process) with a warning line."
+    root = Path(run_dir) / "checkpoints"
+    for path in sorted(root.glob("step_*"), reverse=True):
+        if not (path / "state.pt").is_file():
+            continue
+        try:
+            read_checkpoint(path)
+            return path
+        except ValueError as err:
+            if main:
+                aside = root / f"corrupt_{path.name}"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(path, aside)
+                print(f"warning: {err}; moved aside to {aside.name}, trying the one before it", file=sys.stderr, flush=True)
+    return None
 
 # %% ../nbs/08_trainer.ipynb #08c016
 def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None) -> Path:
@@ -355,18 +454,38 @@ def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None
     return path
 
 # %% ../nbs/08_trainer.ipynb #08c018
+def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> list:
+    "What the run needs later, checked now: max_length; with evaluation, eval layers and dims and the eval tasks, loaded (rows checked)."
+    from matryoshka_lab.core import parse_layers
+    limit = getattr(encoder.model.config, "max_position_embeddings", None)
+    if limit is not None and cfg.max_length > limit:
+        raise ValueError(f"max_length {cfg.max_length} exceeds the model's {limit} positions")
+    if not evaluation or cfg.eval_every < 0:
+        return []
+    for key, check in (("eval_layers", lambda: parse_layers(cfg.eval_layers, encoder.num_layers)),
+                       ("eval_dims", lambda: parse_dims(cfg.eval_dims or list(cfg.dims), encoder.hidden_size))):
+        try:
+            check()
+        except ValueError as err:
+            raise ValueError(f"{key} {getattr(cfg, key)!r}: {err}") from None
+    return [load_task(t, cfg.data_dir) for t in cfg.eval_tasks]
+
 class EvalCallback(Callback):
     "Evaluate the layer x dim grid every `every` steps (0: at the end only); log it and write grid.csv."
     order = 10
-    def __init__(self, every: int = 0):
-        self.every = every
+    def __init__(self, every: int = 0, tasks: list | None = None):   # tasks: loaded Tasks (preflight); None: cfg.eval_tasks
+        self.every, self.tasks = every, tasks
     def _run(self, trainer):
         if not trainer.dist.main:   # the other processes wait at their next collective
             return
         from matryoshka_lab.eval import evaluate
         cfg = trainer.config
-        df = evaluate(trainer.encoder, list(cfg.eval_tasks), layers=cfg.eval_layers,
-                      dims=cfg.eval_dims or list(cfg.dims), data_dir=cfg.data_dir, progress=False)
+        shown = trainer.bar is not None and not trainer.bar.disable
+        if shown:                   # a training bar standing still for minutes would read as a hang
+            tqdm.write(f"step {trainer.step}: evaluating {', '.join(cfg.eval_tasks)} (layers {cfg.eval_layers}, "
+                       f"dims {cfg.eval_dims or ','.join(map(str, cfg.dims))})", file=sys.stderr)
+        df = evaluate(trainer.encoder, self.tasks or list(cfg.eval_tasks), layers=cfg.eval_layers,
+                      dims=cfg.eval_dims or list(cfg.dims), data_dir=cfg.data_dir, progress=shown)
         for r in df.itertuples():
             trainer.log.log(trainer.step, f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}", r.value, split="eval")
         df.to_csv(Path(cfg.run_dir) / "grid.csv", index=False)
@@ -378,11 +497,17 @@ class EvalCallback(Callback):
         self._run(trainer)
 
 class CheckpointCallback(Callback):
-    "Save a checkpoint every `every` steps and at the end (rank 0 writes it, with every process's RNG state)."
-    order = 20
+    "Save a checkpoint every `every` steps and at the end (rank 0 writes it, with every process's RNG state); only finite weights."
+    order = 8                   # before the step's evaluation (order 10): a failing evaluation costs no checkpoint
     def __init__(self, every: int, keep: int = 2):
         self.every, self.keep, self.saved = every, keep, None
     def _save(self, trainer):
+        params = list(trainer.encoder.named_parameters())
+        params += list(trainer.loss_module.named_parameters(prefix="loss")) if trainer.loss_module is not None else []
+        bad = [n for n, p in params if not torch.isfinite(p).all()]
+        if bad:
+            raise FloatingPointError(f"weights are not finite after step {trainer.step} ({', '.join(bad[:3])}"
+                                     f"{', ...' if len(bad) > 3 else ''}): no checkpoint written. {_diverged(trainer)}")
         states = trainer.dist.all_gather_object(torch.get_rng_state())
         if trainer.dist.main:
             save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
@@ -396,11 +521,24 @@ class CheckpointCallback(Callback):
         if self.saved != trainer.step:
             self._save(trainer)
 
+def _diverged(trainer) -> str:
+    "What to do after a diverged step: the run directory's last (finite) checkpoint and how to go on from it."
+    ckpt = latest_checkpoint(trainer.config.run_dir)
+    if ckpt is None:
+        return ("No checkpoint was written before it: lower lr (or check the data) and start again in a new run_dir "
+                "(this one records the failed settings).")
+    return (f"The last checkpoint, {ckpt.name}, is kept and finite. To go on from it with other settings (a lower lr, "
+            f"say), start a new run from its weights: --set model={ckpt / 'model'} --set run_dir=NEW_DIR "
+            "(the optimizer and schedule start afresh); or check the data.")
+
 # %% ../nbs/08_trainer.ipynb #08c020
 class Trainer:
     "Train `encoder` (default: cfg.model) with the loss of cfg.method on cfg.train_task, writing cfg.run_dir."
     def __init__(self, config: TrainConfig, encoder: Encoder | None = None, data: TrainData | None = None,
                  callbacks: list | None = None, progress: bool = True):
+        data_dir = resolve_data_dir(config.data_dir)   # the directory actually used (also from $MATRYOSHKA_LAB_DATA) is recorded
+        if data_dir is not None and config.data_dir != str(data_dir):
+            config = dataclasses.replace(config, data_dir=str(data_dir))
         self.config, self.progress = config, progress
         self.dist, device = init_distributed(resolve_device(config.device))
         if config.batch_size % self.dist.world:
@@ -410,6 +548,8 @@ class Trainer:
         self.encoder = encoder or load_encoder(config)
         self.encoder.to(device)
         self.data = data or training_data(config)
+        # before step 1, not at the first evaluation; with callbacks of the caller's, an EvalCallback loads its own tasks
+        eval_tasks = preflight(config, self.encoder, evaluation=callbacks is None)
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
@@ -430,13 +570,13 @@ class Trainer:
                                        num_training_steps=config.max_steps)
         default_cbs = [CheckpointCallback(config.checkpoint_every, config.keep_checkpoints)]
         if config.eval_every >= 0:
-            default_cbs.append(EvalCallback(config.eval_every))
+            default_cbs.append(EvalCallback(config.eval_every, eval_tasks))
         default_cbs += get_method(config.method).callbacks(config)   # a method's own (distill_nc: NC1 on a probe, 16_distill)
         if config.diagnostics_every >= 0:   # geometry of a fixed probe, within a time budget at 0 (18_diagnostics)
             from matryoshka_lab.diagnostics import DiagnosticsCallback
             default_cbs.append(DiagnosticsCallback(config.diagnostics_every))
         self.callbacks = sorted(default_cbs if callbacks is None else callbacks, key=lambda c: c.order)
-        self.step, self.out, self.log = 0, None, None
+        self.step, self.out, self.log, self.bar = 0, None, None, None
 
     def _fire(self, event: str) -> None:
         for cb in self.callbacks:
@@ -481,8 +621,8 @@ def _train_step(self) -> dict:
         self._fire("after_loss")
         if not torch.isfinite(self.out.total):
             bad = {k: v for k, v in self.out.parts.items() if not math.isfinite(v)}
-            raise FloatingPointError(f"loss is {self.out.total.item()} at step {self.step} (non-finite parts: {bad or 'none'}); "
-                                     f"the last checkpoint is untouched. Lower lr or check the data.")
+            raise FloatingPointError(f"loss is {self.out.total.item()} at step {self.step} (non-finite parts: {bad or 'none'}). "
+                                     + _diverged(self))
         (self.out.total / cfg.grad_accum).backward()
         total += self.out.total.item() / cfg.grad_accum
         for k, v in self.out.parts.items():
@@ -499,12 +639,15 @@ Trainer.train_step = _train_step
 
 # %% ../nbs/08_trainer.ipynb #08c023
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device", "run_dir")   # what may differ when a run is resumed (or moved)
+                     "eval_layers", "eval_dims", "diagnostics_every", "device", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
 def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
     "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."
     path = Path(run_dir) / "config.json"
-    saved = json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{str(path)!r} is unreadable ({err}): the run directory's config is unknown; use another run_dir") from None
     try:                                    # a config.json written before methods owned their options (07a_methods)
         saved = migrate_legacy(saved)
     except ValueError:
@@ -512,26 +655,60 @@ def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHAN
     current = json.loads(json.dumps(cfg.to_dict(), default=str))
     return sorted(k for k in saved if k not in allowed and saved[k] != current.get(k))
 
-def _fit(self, resume: bool = True) -> "Trainer":
-    "Train to cfg.max_steps, resuming from the run directory's latest checkpoint when there is one."
-    cfg = self.config
-    run_dir = Path(cfg.run_dir)
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if ckpt is not None:
-        changed = config_changes(run_dir, cfg)
-        if changed:
-            raise ValueError(f"run directory {str(run_dir)!r} holds a run with a different config ({', '.join(changed)}); "
-                             "use another run_dir, or the same config to resume")
-        self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
-                                    self.loss_module)
-    main = self.dist.main
-    self.log = RunLog(run_dir, config=cfg.to_dict()) if main else None   # one writer
+def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
+    "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, or records without a config."
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"run_dir {str(path)!r} is a file, not a directory")
+    changed = config_changes(path, cfg)
+    if changed:
+        raise ValueError(f"run directory {str(path)!r} holds a run with a different config ({', '.join(changed)}); "
+                         "use another run_dir, or the same config to resume")
+    records = (path / "metrics.jsonl").is_file() and (path / "metrics.jsonl").stat().st_size > 0
+    if not (path / "config.json").is_file() and (records or any((path / "checkpoints").glob("step_*"))):
+        raise ValueError(f"run directory {str(path)!r} holds records (metrics.jsonl or checkpoints/) but no config.json: "
+                         "it cannot be told apart from another run; use another run_dir")
+
+# %% ../nbs/08_trainer.ipynb #08c023b
+def _fit(self) -> "Trainer":
+    "Train to cfg.max_steps as the run directory's one writer, resuming from its newest intact checkpoint when there is one."
+    cfg, main = self.config, self.dist.main
+    run_dir, lock, refused = Path(cfg.run_dir), RunLock(cfg.run_dir), None
+    if main:
+        try:
+            lock.acquire()
+            check_run_dir(run_dir, cfg)
+        except (ValueError, OSError) as err:
+            lock.release()
+            refused = err
+    if self.dist.any(refused is not None):   # every process stops when the main one may not write
+        raise refused or ValueError(f"run directory {str(run_dir)!r} refused by the main process")
+    try:
+        ckpt = resume_checkpoint(run_dir, main)
+        if ckpt is not None:
+            self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
+                                        self.loss_module)
+        # one writer; records after the step it starts from belong to an attempt that died, and are written again
+        self.log = RunLog(run_dir, config=cfg.to_dict(), keep_until=self.step) if main else None
+        self._loop()
+        if main:
+            export_model(self.encoder, run_dir / "model")
+    finally:
+        if self.log is not None:
+            self.log.close()
+        lock.release()
+    self.encoder.eval()
+    return self
+
+def _loop(self) -> None:
+    "The steps from self.step + 1 to cfg.max_steps between before_fit and after_fit, with a progress bar."
+    cfg, main = self.config, self.dist.main
     self.encoder.train()
     if self.loss_module is not None:
         self.loss_module.train()
     self._fire("before_fit")
-    bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", disable=not (self.progress and main),
-               unit="step")
+    self.bar = bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
+                          disable=not (self.progress and main))
     try:
         while self.step < cfg.max_steps:
             self.step += 1
@@ -551,13 +728,8 @@ def _fit(self, resume: bool = True) -> "Trainer":
     finally:
         bar.close()
     self._fire("after_fit")
-    if main:
-        export_model(self.encoder, run_dir / "model")
-        self.log.close()
-    self.encoder.eval()
-    return self
 
-Trainer.fit = _fit
+Trainer.fit, Trainer._loop = _fit, _loop
 
 # %% ../nbs/08_trainer.ipynb #08c027
 @dataclass
@@ -593,6 +765,10 @@ def launch(config: TrainConfig | str | Path, overrides: list[str] | tuple = (), 
     "Start `matryoshka-lab train` on config (a TrainConfig or a YAML path, plus overrides) in the background."
     cfg = make_config(config.to_dict(), overrides) if isinstance(config, TrainConfig) else load_config(config, overrides)
     run_dir = Path(cfg.run_dir)
+    holder = run_holder(run_dir)          # refused here, before launch.yaml or train.log is touched
+    if holder is not None:
+        raise RunInUse.by(run_dir, holder)
+    check_run_dir(run_dir, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = run_dir / "launch.yaml"
     spec.write_text(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict(), default=str)), sort_keys=False), encoding="utf-8")
