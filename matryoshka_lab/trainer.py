@@ -507,7 +507,7 @@ class CheckpointCallback(Callback):
         bad = [n for n, p in params if not torch.isfinite(p).all()]
         if bad:
             raise FloatingPointError(f"weights are not finite after step {trainer.step} ({', '.join(bad[:3])}"
-                                     f"{', ...' if len(bad) > 3 else ''}): no checkpoint written. {_diverged(trainer)}")
+                                     f"{', ...' if len(bad) > 3 else ''}): no checkpoint written. {_diverged(trainer, gave_loss=False)}")
         states = trainer.dist.all_gather_object(torch.get_rng_state())
         if trainer.dist.main:
             save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
@@ -521,15 +521,23 @@ class CheckpointCallback(Callback):
         if self.saved != trainer.step:
             self._save(trainer)
 
-def _diverged(trainer) -> str:
-    "What to do after a diverged step: the run directory's last (finite) checkpoint and how to go on from it."
-    ckpt = latest_checkpoint(trainer.config.run_dir)
-    if ckpt is None:
-        return ("No checkpoint was written before it: lower lr (or check the data) and start again in a new run_dir "
-                "(this one records the failed settings).")
-    return (f"The last checkpoint, {ckpt.name}, is kept and finite. To go on from it with other settings (a lower lr, "
-            f"say), start a new run from its weights: --set model={ckpt / 'model'} --set run_dir=NEW_DIR "
-            "(the optimizer and schedule start afresh); or check the data.")
+def _diverged(trainer, gave_loss: bool) -> str:
+    "What to do after a diverged step; with gave_loss, a checkpoint of the weights that gave the bad loss is moved aside first."
+    root = Path(trainer.config.run_dir) / "checkpoints"
+    ckpts = [p for p in sorted(root.glob("step_*")) if (p / "state.pt").is_file()]
+    note = ""
+    if gave_loss and ckpts and ckpts[-1].name == f"step_{trainer.step - 1:07d}":   # its weights gave this step's loss
+        bad = ckpts.pop()
+        if trainer.dist.main:
+            shutil.rmtree(root / f"diverged_{bad.name}", ignore_errors=True)
+            os.replace(bad, root / f"diverged_{bad.name}")
+        note = f"{bad.name} holds the weights that gave it: moved aside to diverged_{bad.name}. "
+    if not ckpts:
+        return (note + "No checkpoint whose weights gave finite losses is left: lower lr (or check the data) and start "
+                "again in a new run_dir (this one records the failed settings).")
+    return (note + f"The last checkpoint whose weights gave finite losses, {ckpts[-1].name}, is kept. To go on from it "
+            f"with other settings (a lower lr, say), start a new run from its weights: --set model={ckpts[-1] / 'model'} "
+            "--set run_dir=NEW_DIR (the optimizer and schedule start afresh); or check the data.")
 
 # %% ../nbs/08_trainer.ipynb #08c020
 class Trainer:
@@ -622,7 +630,7 @@ def _train_step(self) -> dict:
         if not torch.isfinite(self.out.total):
             bad = {k: v for k, v in self.out.parts.items() if not math.isfinite(v)}
             raise FloatingPointError(f"loss is {self.out.total.item()} at step {self.step} (non-finite parts: {bad or 'none'}). "
-                                     + _diverged(self))
+                                     + _diverged(self, gave_loss=True))
         (self.out.total / cfg.grad_accum).backward()
         total += self.out.total.item() / cfg.grad_accum
         for k, v in self.out.parts.items():

@@ -277,18 +277,24 @@ class Poison(Callback):
                 next(trainer.encoder.parameters()).view(-1)[0] = float("nan")
 
 
-@pytest.mark.parametrize("weight", [False, True], ids=["nan_loss", "nan_weight"])
-def test_after_divergence_the_last_finite_checkpoint_is_kept_and_a_lower_lr_run_starts_from_it(weight, tiny_encoder, tmp_path):
+@pytest.mark.parametrize("at, weight, aside", [(4, False, []), (5, False, ["diverged_step_0000004"]), (4, True, [])],
+                         ids=["nan_loss", "nan_loss_after_a_checkpoint", "nan_weight"])
+def test_after_divergence_the_last_finite_checkpoint_is_kept_and_a_lower_lr_run_starts_from_it(at, weight, aside, tiny_encoder,
+                                                                                               tmp_path):
+    "The checkpoint of the step before a NaN loss holds the weights that gave it: moved aside; the one before is named."
     data = TrainData([f"sentence number {i}" for i in range(40)])
     cfg = make_config({"run_dir": str(tmp_path / "run"), "max_steps": 6, "batch_size": 4, "dims": [8, 32], "eval_every": -1})
-    trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, callbacks=[CheckpointCallback(2), Poison(4, weight)],
+    trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, callbacks=[CheckpointCallback(2), Poison(at, weight)],
                       progress=False)
     kept = tmp_path / "run" / "checkpoints" / "step_0000002"
-    what = "weights are not finite after step 4 \\(" if weight else "loss is nan at step 4 \\(non-finite parts: "
-    with pytest.raises(FloatingPointError, match=f"{what}.*The last checkpoint, step_0000002, is kept and finite. "
-                                                 f"To go on from it .* --set model={kept}/model --set run_dir=NEW_DIR"):
+    what = f"weights are not finite after step {at} \\(" if weight else f"loss is nan at step {at} \\(non-finite parts: "
+    moved = "step_0000004 holds the weights that gave it: moved aside to diverged_step_0000004. " if aside else ""
+    with pytest.raises(FloatingPointError, match=f"{what}.*{moved}The last checkpoint whose weights gave finite losses, "
+                                                 f"step_0000002, is kept. To go on from it .* --set model={kept}/model "
+                                                 "--set run_dir=NEW_DIR"):
         trainer.fit()
     assert latest_checkpoint(tmp_path / "run") == kept
+    assert sorted(p.name for p in kept.parent.iterdir()) == sorted(["step_0000002", *aside])
     assert run_holder(tmp_path / "run") is None   # the failed fit let go of the directory
     # what the message says to do works: a new run from the checkpoint's weights, at a lower lr
     new = make_config({**cfg.to_dict(), "model": str(kept / "model"), "run_dir": str(tmp_path / "new"), "lr": 1e-5})
