@@ -163,7 +163,8 @@ def _columns(df: pd.DataFrame, *names: str, numeric: tuple = ()) -> list:
             values, bad = col, col.isna().to_numpy()
         if bad.any():
             label, first = df.index[bad][0], col[bad].iloc[0]
-            what = "no value" if first is None or first == "" or (isinstance(first, float) and np.isnan(first)) else f"{first!r}, not a number"
+            empty = first is None or first == "" or (isinstance(first, float) and np.isnan(first))
+            what = "no value" if empty else f"{first!r}, not a number"
             more = f" (and {int(bad.sum()) - 1} more rows)" if bad.sum() > 1 else ""
             raise ValueError(f"{_where(df, label)}: {n!r} has {what}{more}")
         out.append(values.tolist())
