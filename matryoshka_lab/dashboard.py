@@ -8,7 +8,6 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
-import math
 import os
 import re
 import stat
@@ -20,12 +19,13 @@ import numpy as np
 import pandas as pd
 
 from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars, to_matplotlib
+from .runs import array_dir, array_file, array_steps, parse_record
 
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'read_file',
-           'safe_runs', 'parse_record', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot',
-           'natural_key', 'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves',
-           'figure_html', 'figure_png']
+           'safe_runs', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'natural_key',
+           'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html',
+           'figure_png']
 
 # %% ../nbs/19_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -102,15 +102,6 @@ def safe_runs(root: str | Path, max_depth: int = 3) -> list[str]:
     return sorted(names)
 
 # %% ../nbs/19_dashboard.ipynb #19c012
-def parse_record(line: bytes | str) -> tuple | None:
-    "One metrics.jsonl line -> (step, time, split, name, value) with nan for null, or None if it is malformed."
-    try:
-        rec = json.loads(line)
-        return (int(rec["step"]), float(rec.get("time") or 0.0), str(rec.get("split", "train")), str(rec["name"]),
-                math.nan if rec["value"] is None else float(rec["value"]))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
 @dataclass
 class Series:
     "One metric's points, thinned to at most max_points: after k halvings, every 2^k-th point received."
@@ -234,10 +225,10 @@ def _latest(self) -> pd.DataFrame:
 MetricsTail._add, MetricsTail.frame, MetricsTail.latest = _add, _frame, _latest
 
 # %% ../nbs/19_dashboard.ipynb #19c024
-def _array_dir(run_dir: str | Path, name: str) -> Path:
+def _array_name(name: str) -> str:
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
         raise ValueError(f"an array name must be a single folder name, got {name!r}")
-    return Path(run_dir) / "arrays" / name
+    return name
 
 def list_arrays(run_dir: str | Path) -> list[str]:
     "Names of the snapshot series under run_dir/arrays (empty if there are none or the run is gone)."
@@ -248,16 +239,11 @@ def list_arrays(run_dir: str | Path) -> list[str]:
 
 def list_snapshots(run_dir: str | Path, name: str) -> list[int]:
     "Sorted steps of the finished snapshots arrays/NAME/step_XXXXXXX.npy (temporary files ignored)."
-    try:
-        files = [p.name for p in _array_dir(run_dir, name).iterdir()]
-    except OSError:
-        return []
-    steps = [f[5:-4] for f in files if f.startswith("step_") and f.endswith(".npy")]
-    return sorted(int(s) for s in steps if s.isdigit())
+    return array_steps(array_dir(run_dir, _array_name(name)))
 
 def load_snapshot(run_dir: str | Path, name: str, step: int, max_bytes: int = 256 << 20) -> np.ndarray:
     "The snapshot NAME at step, read with allow_pickle=False; ValueError if it leaves run_dir, is no regular file or is larger than max_bytes."
-    path = _array_dir(run_dir, name) / f"step_{int(step):07d}.npy"
+    path = array_file(run_dir, _array_name(name), step)
     if not _inside(path, run_dir):
         raise ValueError(f"snapshot {name}/{path.name} leads outside the run directory")
     return np.load(io.BytesIO(read_file(path, run_dir, max_bytes)), allow_pickle=False)

@@ -23,7 +23,35 @@ except ImportError:               # pragma: no cover - Windows
     fcntl = None
 
 # %% auto #0
-__all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'parse_metrics', 'Run', 'read_run']
+__all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'parse_record', 'array_dir', 'array_file', 'array_steps', 'RunLog', 'RunInUse',
+           'RunLock', 'run_holder', 'parse_metrics', 'Run', 'read_run']
+
+# %% ../nbs/07_runs.ipynb #07c005b
+def parse_record(line: bytes | str) -> tuple | None:
+    "One metrics.jsonl line -> (step, time, split, name, value) with nan for null; None if it is incomplete or malformed."
+    try:
+        rec = json.loads(line)
+        return (int(rec["step"]), float(rec.get("time") or 0.0), str(rec.get("split", "train")), str(rec["name"]),
+                math.nan if rec["value"] is None else float(rec["value"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+def array_dir(run_dir: str | Path, name: str) -> Path:
+    "The folder of the snapshot series NAME: RUN/arrays/NAME."
+    return Path(run_dir) / "arrays" / name
+
+def array_file(run_dir: str | Path, name: str, step: int) -> Path:
+    "Where the snapshot NAME of step lives: RUN/arrays/NAME/step_XXXXXXX.npy."
+    return array_dir(run_dir, name) / f"step_{int(step):07d}.npy"
+
+def array_steps(folder: str | Path) -> list[int]:
+    "Sorted steps of the finished snapshots in an arrays/NAME folder (hidden temporary and foreign files ignored)."
+    try:
+        names = [p.name for p in Path(folder).iterdir()]
+    except OSError:
+        return []
+    steps = [n[5:-4] for n in names if n.startswith("step_") and n.endswith(".npy")]
+    return sorted(int(s) for s in steps if s.isdigit())
 
 # %% ../nbs/07_runs.ipynb #07c006
 METRIC_COLUMNS = ["step", "time", "split", "name", "value"]
@@ -48,14 +76,9 @@ class RunLog:
         path = self.dir / "metrics.jsonl"
         if not path.is_file():
             return
-        keep = []
-        for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
-            try:
-                if int(json.loads(line)["step"]) <= step:
-                    keep.append(line + "\n")
-            except (ValueError, KeyError, TypeError):
-                continue   # a half-written line of the attempt that died
-        _write_atomic(path, "".join(keep))
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        keep = [line + "\n" for line in lines if (rec := parse_record(line)) is not None and rec[0] <= step]
+        _write_atomic(path, "".join(keep))   # (a half-written line of the attempt that died parses as None)
 
     def log(self, step: int, name: str, value: float, split: str = "train") -> None:
         "Append one record and flush it (NaN and inf are written as null, never as invalid JSON)."
@@ -71,10 +94,9 @@ class RunLog:
 
     def save_array(self, name: str, step: int, array) -> Path:
         "Save a snapshot as arrays/NAME/step_XXXXXXX.npy (written to a temporary file, then renamed)."
-        folder = self.dir / "arrays" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"step_{int(step):07d}.npy"
-        tmp = folder / f".step_{int(step):07d}.npy.tmp"
+        path = array_file(self.dir, name, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "wb") as f:
             np.save(f, np.asarray(array), allow_pickle=False)
         os.replace(tmp, path)
@@ -170,17 +192,8 @@ def run_holder(run_dir: str | Path) -> str | None:
 # %% ../nbs/07_runs.ipynb #07c008
 def parse_metrics(text: str) -> pd.DataFrame:
     "Records of a metrics.jsonl text; an incomplete or malformed line is skipped, repeated records keep the last."
-    rows = []
-    for line in text.split("\n"):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            rows.append((int(rec["step"]), float(rec.get("time") or 0.0), str(rec.get("split", "train")),
-                         str(rec["name"]), np.nan if rec["value"] is None else float(rec["value"])))
-        except (ValueError, KeyError, TypeError):
-            continue   # a line still being written, or garbage: never fatal
-    df = pd.DataFrame(rows, columns=METRIC_COLUMNS)
+    rows = [rec for line in text.split("\n") if line.strip() and (rec := parse_record(line)) is not None]
+    df = pd.DataFrame(rows, columns=METRIC_COLUMNS)   # (a line still being written, or garbage, is skipped: never fatal)
     return df.drop_duplicates(["step", "split", "name"], keep="last").reset_index(drop=True)
 
 @dataclass
@@ -216,7 +229,7 @@ def read_run(run_dir: str | Path) -> Run:
         text = ""
     arrays = {}
     for folder in sorted((path / "arrays").glob("*")) if (path / "arrays").is_dir() else []:
-        snaps = sorted((int(p.stem.split("_")[1]), p) for p in folder.glob("step_*.npy"))
+        snaps = [(step, array_file(path, folder.name, step)) for step in array_steps(folder)]
         if snaps:
             arrays[folder.name] = snaps
     return Run(path, config, parse_metrics(text), arrays)
