@@ -16,7 +16,7 @@ import torch
 
 from conftest import ROOT
 from matryoshka_lab import cli
-from matryoshka_lab.runs import RunInUse, read_run, run_holder
+from matryoshka_lab.runs import RunInUse, parse_record, read_run, run_holder
 from matryoshka_lab.trainer import (Callback, CheckpointCallback, Trainer, TrainData, latest_checkpoint, launch,
                                     make_config, resume_checkpoint)
 
@@ -24,7 +24,7 @@ MRL = ROOT / "configs" / "mrl.yaml"
 
 
 def tiny_sets(model_dir, *extra):
-    "A tiny MRL run on the generated intents: a few hundred milliseconds a step on 2 cores."
+    "A short MRL run of the tiny seeded BERT (conftest) on the generated intents, no evaluation."
     return [f"model={model_dir}", "train_task=builtin_intents", "batch_size=8", "dims=[8,16,32]", "eval_every=-1",
             "max_length=16", *extra]
 
@@ -43,8 +43,8 @@ def last_error(res) -> str:
 
 def loss_lines(run_dir) -> list[int]:
     "The step of every train loss record in metrics.jsonl, repeats included (read_run would hide them)."
-    recs = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r["step"] for r in recs if r["name"] == "loss" and r["split"] == "train"]
+    recs = [parse_record(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r[0] for r in recs if r is not None and r[3] == "loss" and r[2] == "train"]
 
 
 # ---- 1. one writer ----
