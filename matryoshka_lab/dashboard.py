@@ -23,9 +23,9 @@ from .runs import array_dir, array_file, array_steps, parse_record
 
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'read_file',
-           'safe_runs', 'Series', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot', 'natural_key',
-           'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html',
-           'figure_png']
+           'safe_runs', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot',
+           'natural_key', 'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves',
+           'figure_html', 'figure_png']
 
 # %% ../nbs/19_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -127,102 +127,112 @@ class Series:
         self.received += 1
         self.last = (step, value)
 
+# %% ../nbs/19_dashboard.ipynb #19c013b
+class MetricStore:
+    "A run's metrics by (split, name), each a `Series` of at most max_points points; at most max_series metrics."
+    def __init__(self,
+                 max_points: int = 2000,       # per metric, even: older points are thinned 2:1 beyond it
+                 max_series: int = 5000):      # metrics kept; later names are dropped (counted)
+        if max_points < 2 or max_points % 2:
+            raise ValueError(f"max_points must be an even number >= 2, got {max_points}")
+        self.max_points, self.max_series = max_points, max_series
+        self.clear()
+
+    def clear(self) -> None:
+        "Forget every point and every count."
+        self.series: dict[tuple[str, str], Series] = {}
+        self.lines, self.bad, self.dropped_series = 0, 0, 0
+        self.last_step: int | None = None
+
+    def add(self, rec: tuple | None) -> int:
+        "Store one record of `runs.parse_record` (None: a malformed line, counted in bad); 1 if it was stored, else 0."
+        self.lines += 1
+        if rec is None:
+            self.bad += 1
+            return 0
+        step, _, split, name, value = rec
+        s = self.series.get((split, name))
+        if s is None:
+            if len(self.series) >= self.max_series:
+                self.dropped_series += 1
+                return 0
+            s = self.series[(split, name)] = Series()
+        s.add(step, value, self.max_points)
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        return 1
+
+    def frame(self, names=None) -> pd.DataFrame:
+        "The stored (thinned) points as a long table (split, name, step, value), optionally only the given names."
+        parts = [pd.DataFrame({"split": split, "name": name, "step": np.frombuffer(s.steps, np.int64),
+                               "value": np.frombuffer(s.values, np.float64)})
+                 for (split, name), s in self.series.items() if (names is None or name in names) and len(s.steps)]
+        cols = ["split", "name", "step", "value"]
+        return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
+    def latest(self) -> pd.DataFrame:
+        "The exact latest (step, value) of every metric, indexed by (split, name)."
+        rows = [(split, name, s.last[0], s.last[1]) for (split, name), s in self.series.items()]
+        return pd.DataFrame(rows, columns=["split", "name", "step", "value"]).set_index(["split", "name"]).sort_index()
+
 # %% ../nbs/19_dashboard.ipynb #19c014
-class MetricsTail:
+class MetricsTail(MetricStore):
     "Incremental reader of a growing metrics.jsonl: each poll parses only the lines appended since the last one."
     def __init__(self, path: str | Path,
                  max_points: int = 2000,       # per metric, even: older points are thinned 2:1 beyond it
                  max_series: int = 5000,       # metrics kept; later names are dropped (counted)
                  max_bytes: int = 32 << 20,    # read per poll, so one poll never blocks on a huge backlog
                  root: str | Path | None = None):  # if given, a file resolving outside it is treated as missing
-        if max_points < 2 or max_points % 2:
-            raise ValueError(f"max_points must be an even number >= 2, got {max_points}")
+        super().__init__(max_points, max_series)
         if max_series < 1 or max_bytes < 1:
             raise ValueError(f"max_series and max_bytes must be positive, got {max_series} and {max_bytes}")
         self.path, self.root = Path(path), None if root is None else Path(root).resolve()
-        self.max_points, self.max_series, self.max_bytes = max_points, max_series, max_bytes
+        self.max_bytes = max_bytes
         self.restarts = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.series: dict[tuple[str, str], Series] = {}
-        self.offset, self.inode, self.lines, self.bad, self.dropped_series = 0, None, 0, 0, 0
-        self.last_step: int | None = None
-        self.missing = False
+        "Start again from byte 0, with nothing read."
+        self.clear()
+        self.offset, self.inode, self.missing = 0, None, False
 
-# %% ../nbs/19_dashboard.ipynb #19c015
-def _read_new(self) -> bytes | None:
-    "The bytes after the offset (at most max_bytes), restarting on truncation or replacement; None if unreadable or not a regular file."
-    try:
-        if self.root is not None and not _inside(self.path, self.root):
-            raise FileNotFoundError(self.path)
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # a FIFO opens at once, and is refused
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+    def _read_new(self) -> bytes | None:
+        "The bytes after the offset (at most max_bytes), restarting on truncation or replacement; None if unreadable or not a regular file."
+        try:
+            if self.root is not None and not _inside(self.path, self.root):
                 raise FileNotFoundError(self.path)
-            if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset or self.missing):
-                self.restarts += 1
-                self._reset()
-            self.inode = st.st_ino
-            if st.st_size <= self.offset:
-                return b""
-            f.seek(self.offset)
-            return f.read(min(st.st_size - self.offset, self.max_bytes))
-    except OSError:
-        return None
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # a FIFO opens at once, and is refused
+            with open(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise FileNotFoundError(self.path)
+                if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset or self.missing):
+                    self.restarts += 1
+                    self._reset()
+                self.inode = st.st_ino
+                if st.st_size <= self.offset:
+                    return b""
+                f.seek(self.offset)
+                return f.read(min(st.st_size - self.offset, self.max_bytes))
+        except OSError:
+            return None
 
-def _poll(self) -> int:
-    "Read what was appended since the last poll; returns the number of new records (0 if the file is missing)."
-    chunk = self._read_new()
-    self.missing = chunk is None
-    if not chunk:
-        return 0
-    end = chunk.rfind(b"\n")
-    if end < 0:                                   # no complete line yet
-        if len(chunk) >= self.max_bytes:          # a "line" longer than max_bytes: skip it, never stall on it
-            self.offset, self.bad = self.offset + len(chunk), self.bad + 1
-        return 0
-    self.offset += end + 1
-    new = 0
-    for line in chunk[:end].split(b"\n"):
-        if line.strip():
-            new += self._add(parse_record(line))
-    return new
-
-MetricsTail._read_new, MetricsTail.poll = _read_new, _poll
-
-# %% ../nbs/19_dashboard.ipynb #19c016
-def _add(self, rec: tuple | None) -> int:
-    self.lines += 1
-    if rec is None:
-        self.bad += 1
-        return 0
-    step, _, split, name, value = rec
-    s = self.series.get((split, name))
-    if s is None:
-        if len(self.series) >= self.max_series:
-            self.dropped_series += 1
+    def poll(self) -> int:
+        "Read what was appended since the last poll; returns the number of new records (0 if the file is missing)."
+        chunk = self._read_new()
+        self.missing = chunk is None
+        if not chunk:
             return 0
-        s = self.series[(split, name)] = Series()
-    s.add(step, value, self.max_points)
-    self.last_step = step if self.last_step is None else max(self.last_step, step)
-    return 1
-
-def _frame(self, names=None) -> pd.DataFrame:
-    "The stored (thinned) points as a long table (split, name, step, value), optionally only the given names."
-    parts = [pd.DataFrame({"split": split, "name": name, "step": np.frombuffer(s.steps, np.int64),
-                           "value": np.frombuffer(s.values, np.float64)})
-             for (split, name), s in self.series.items() if (names is None or name in names) and len(s.steps)]
-    cols = ["split", "name", "step", "value"]
-    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
-
-def _latest(self) -> pd.DataFrame:
-    "The exact latest (step, value) of every metric, indexed by (split, name)."
-    rows = [(split, name, s.last[0], s.last[1]) for (split, name), s in self.series.items()]
-    return pd.DataFrame(rows, columns=["split", "name", "step", "value"]).set_index(["split", "name"]).sort_index()
-
-MetricsTail._add, MetricsTail.frame, MetricsTail.latest = _add, _frame, _latest
+        end = chunk.rfind(b"\n")
+        if end < 0:                                   # no complete line yet
+            if len(chunk) >= self.max_bytes:          # a "line" longer than max_bytes: skip it, never stall on it
+                self.offset, self.bad = self.offset + len(chunk), self.bad + 1
+            return 0
+        self.offset += end + 1
+        new = 0
+        for line in chunk[:end].split(b"\n"):
+            if line.strip():
+                new += self.add(parse_record(line))
+        return new
 
 # %% ../nbs/19_dashboard.ipynb #19c024
 def _array_name(name: str) -> str:

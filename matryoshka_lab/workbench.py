@@ -26,8 +26,9 @@ from .plots import grid_table, headline, plot_grid
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'client_allowed', 'empty_figure',
-           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'tab',
-           'find_grids', 'read_grid', 'grid_view', 'Workbench', 'build_app', 'show']
+           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane',
+           'with_exports', 'tab', 'find_grids', 'read_grid', 'grid_view', 'RunPickerMixin', 'MonitorMixin',
+           'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/20_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -107,6 +108,10 @@ def figure_pane(fig, height: int = FIGURE_HEIGHT) -> pn.pane.Plotly:
     "A Plotly pane as wide as its column, `height` px tall, showing fig at that size."
     return pn.pane.Plotly(fit(fig), sizing_mode="stretch_width", height=height)
 
+def with_exports(pane: pn.pane.Plotly, stem: str) -> pn.Column:
+    "A figure pane over the export buttons of the figure it shows at click time."
+    return pn.Column(pane, export_row(lambda: pane.object, stem), sizing_mode="stretch_width")
+
 def tab(name: str, controls: list, *figures) -> pn.Row:
     "A tab: its controls in a sidebar SIDEBAR px wide, its figures one under the other in the width left."
     return pn.Row(pn.Column(*controls, width=SIDEBAR + 20), pn.Column(*figures, sizing_mode="stretch_width"),
@@ -169,7 +174,7 @@ def grid_view(root: Path):
     load()
     return tab("Grids", [run, pair], pn.bind(view, pair, run))
 
-# %% ../nbs/20_workbench.ipynb #20c018
+# %% ../nbs/20_workbench.ipynb #20c021
 CONFIG_BYTES = 1 << 20   # the largest config.json read
 
 def _read_config(run_dir: Path, root: Path) -> dict:
@@ -180,27 +185,348 @@ def _read_config(run_dir: Path, root: Path) -> dict:
     except ValueError:
         return {}
 
-class Workbench:
-    "One session's views over the runs root; tick() is the periodic callback, show() displays it in a notebook."
-    def __init__(self, root: str | Path | None = None,   # default: $MATRYOSHKA_LAB_RUNS or ./runs
-                 run: str | None = None):                 # the run to open first (only a listed one)
-        self.root = Path(root or runs_root()).resolve()
+class RunPickerMixin:
+    "The header's run picker over the runs under `root`; open_run() sets the open run's `run_dir`, `tail` and `config`."
+    def _init_runs(self, run: str | None) -> str | None:
+        "The header's widgets and the (empty) open run; returns the run to open first: `run` if listed, else the first."
         self.names = safe_runs(self.root)
         self.tail: MetricsTail | None = None
         self.run_dir: Path | None = None
         self.config: dict = {}
-        self.callback = None                               # the periodic callback, once show() registered one
-        self.ticks, self._plotted, self._dirty = 0, 0.0, False
-        self._cmp_tails: dict[str, MetricsTail] = {}
-        self._fractal: dict[str, dict] = {}
-        self._grids = eval_grids(pd.DataFrame(columns=["split", "name"]))   # the open run's logged layer x dim grids
-
         first = run if run in self.names else (self.names[0] if self.names else None)
         self.picker = pn.widgets.Select(label="Run", options=self.names, value=first, width=320)
         self.refresh = pn.widgets.Button(label="Refresh runs", width=120)
         self.step = pn.pane.Markdown("step -", css_classes=[STEP_CLASS], name="step", width=160)
         self.status = pn.pane.Markdown("", css_classes=["ml-status"], width=520)
-        self._widgets()
+        self.picker.param.watch(lambda e: self.open_run(e.new), "value")
+        self.refresh.on_click(lambda e: self.refresh_runs())
+        return first
+
+    def open_run(self, name: str | None) -> None:
+        "Open run `name` (refused in the status line if it leads out of root): tail, curves, snapshots, Fractal results."
+        self.tail, self.run_dir, self.config = None, None, {}
+        self.step.object = "step -"
+        if name:
+            try:
+                self.run_dir = resolve_run(self.root, name)
+                self.tail = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
+            except ValueError as err:
+                self.status.object = f"refused: {err}"
+            else:
+                self.config = _read_config(self.run_dir, self.root)
+                self.status.object = ""
+        self.train_choice.options, self.train_choice.value = [], []
+        self.eval_choice.options, self.eval_choice.value = [], []
+        self.poll()
+        self.redraw()
+        self.refresh_arrays()
+        self.refresh_fractal()
+
+    def refresh_runs(self) -> None:
+        "List the runs again; a run deleted while open stays selected."
+        self.names = safe_runs(self.root)
+        keep = [self.picker.value] if self.picker.value and self.picker.value not in self.names else []
+        self.picker.options = self.names + keep
+        self.cmp_runs.options = self.names + [n for n in self.cmp_runs.value if n not in self.names]
+
+    def first_eval_task(self) -> str | None:
+        "The open run's first configured eval task (its curves and grid are shown first), if its config names one."
+        tasks = self.config.get("eval_tasks")
+        return tasks[0] if isinstance(tasks, list) and tasks else None
+
+# %% ../nbs/20_workbench.ipynb #20c022
+class MonitorMixin:
+    "The Monitor tab's curves of the open run's `tail`: poll() reads it (step pane, status, pickers), redraw() draws."
+    def _init_monitor(self) -> None:
+        "The pickers and figures, and what a change of the pickers triggers."
+        self._plotted, self._dirty = 0.0, False    # when the curves were last drawn; whether records came since
+        self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=SIDEBAR)
+        self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=SIDEBAR)
+        self.train_plot = figure_pane(empty_figure("no run selected"))
+        self.eval_plot = figure_pane(empty_figure("no eval metrics yet"))
+        self.train_choice.param.watch(lambda e: self.redraw(), "value")
+        self.eval_choice.param.watch(lambda e: self.redraw(), "value")
+
+    def poll(self) -> int:
+        "Read what the open run appended; update the step pane and status; returns the number of new records."
+        if self.tail is None:
+            return 0
+        new = self.tail.poll()
+        if self.tail.last_step is not None:
+            self.step.object = f"step {self.tail.last_step}"
+        if self.tail.missing:
+            self.status.object = ("metrics.jsonl is missing (run not started, or deleted) or not a regular file: "
+                                  "showing what was read")
+        elif self.tail.bad:
+            self.status.object = f"{self.tail.bad} malformed line(s) skipped"
+        if new:
+            self._dirty = True
+            self._update_choices()
+        return new
+
+    def _update_choices(self) -> None:
+        train = sorted((n for s, n in self.tail.series if s == "train"), key=natural_key)
+        evals = sorted((n for s, n in self.tail.series if s != "train"), key=natural_key)
+        if train != list(self.train_choice.options):
+            self.train_choice.options = train
+            if not self.train_choice.value:
+                self.train_choice.value = default_train(train)
+        if evals != list(self.eval_choice.options):
+            self.eval_choice.options = evals
+            if not self.eval_choice.value:
+                self.eval_choice.value = default_eval(evals, self.first_eval_task())
+
+    def redraw(self) -> None:
+        "Draw the chosen training curves and eval metrics."
+        self._dirty, self._plotted = False, time.monotonic()
+        if self.tail is None:
+            self.train_plot.object = fit(empty_figure("no run selected"))
+            self.eval_plot.object = fit(empty_figure(""))
+        else:
+            df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
+            self.train_plot.object = fit(lines_figure(df[df.split == "train"], list(self.train_choice.value),
+                                                  "training loss and parts", "value"))
+            self.eval_plot.object = fit(lines_figure(df[df.split != "train"], list(self.eval_choice.value),
+                                                     "eval metrics", "value"))
+        self.refresh_grid(follow=False)
+
+# %% ../nbs/20_workbench.ipynb #20c022b
+class EvalGridMixin:
+    "The Monitor tab's layer x dim grid of the open run's `tail` as logged at each evaluation, at a chosen step."
+    def _init_grid(self) -> None:
+        "The picker, slider and figure, and what a change of each triggers."
+        self._grids = eval_grids(pd.DataFrame(columns=["split", "name"]))   # the open run's logged layer x dim grids
+        self.grid_pair = pn.widgets.Select(label="Layer x dim grid (task / metric)", options=[], width=SIDEBAR)
+        self.grid_slider = pn.widgets.DiscreteSlider(label="Evaluated at step", options=[0], value=0, width=SIDEBAR,
+                                                     visible=False)
+        self.grid_plot = figure_pane(empty_figure("no layer x dim evaluation yet"), height=GRID_HEIGHT)
+        self.grid_pair.param.watch(lambda e: self.refresh_grid(follow=True), "value")
+        self.grid_slider.param.watch(lambda e: self.draw_grid(), "value")
+
+    def refresh_grid(self, follow: bool) -> None:
+        "Re-read the open run's layer x dim eval records; keep the chosen task / metric and step unless following the newest."
+        names = {n for s, n in self.tail.series if s != "train" and GRID_NAME.match(n)} if self.tail else set()
+        self._grids = eval_grids(self.tail.frame(names) if names else pd.DataFrame(columns=["split", "name"]))
+        g = self._grids
+        pairs = sorted({f"{t} / {m}" for t, m in zip(g.task, g.metric)}, key=natural_key)
+        if pairs != list(self.grid_pair.options):
+            head = " / ".join(headline_pair(g, self.first_eval_task())) if len(g) else None
+            keep = self.grid_pair.value if self.grid_pair.value in pairs else head
+            self.grid_pair.options = pairs
+            if keep != self.grid_pair.value:
+                self.grid_pair.value = keep                  # fires refresh_grid(follow=True)
+                return
+        if not self.grid_pair.value:
+            self.grid_slider.visible = False
+            self.grid_plot.object = fit(empty_figure("no layer x dim evaluation yet"))
+            return
+        task, metric = self.grid_pair.value.split(" / ")
+        steps = sorted(set(g.step[(g.task == task) & (g.metric == metric)].tolist()))
+        at_end = self.grid_slider.value == (self.grid_slider.options or [None])[-1]
+        if steps != list(self.grid_slider.options) or follow:
+            value = steps[-1] if (follow or at_end or self.grid_slider.value not in steps) else self.grid_slider.value
+            self.grid_slider.options, self.grid_slider.visible = steps, True
+            if value != self.grid_slider.value:
+                self.grid_slider.value = value               # fires draw_grid
+                return
+            self.draw_grid()
+
+    def draw_grid(self) -> None:
+        "The chosen task / metric's layer x dim heatmap at the slider's step."
+        if not self.grid_pair.value or not self.grid_slider.visible:
+            return
+        task, metric = self.grid_pair.value.split(" / ")
+        at = self._grids[self._grids.step == self.grid_slider.value]
+        try:
+            fig = plot_grid(at, task, metric)
+            title = f"{fig.layout.title.text} (step {self.grid_slider.value})"
+            self.grid_plot.object = fit(fig.update_layout(title=title))
+        except ValueError as err:
+            self.grid_plot.object = fit(empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}"))
+
+# %% ../nbs/20_workbench.ipynb #20c024
+class SnapshotMixin:
+    "The Snapshots tab's figure of a snapshot series under the open run's `run_dir`, at a chosen step and layer."
+    def _init_snapshots(self) -> None:
+        "The picker, slider, layer input and figure, and what a change of each triggers."
+        self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=SIDEBAR)
+        self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=SIDEBAR, visible=False)
+        self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR)
+        self.snap_plot = figure_pane(empty_figure("no snapshots in this run"), height=GRID_HEIGHT)
+        self.array_select.param.watch(lambda e: self.refresh_snapshots(follow=True), "value")
+        self.snap_slider.param.watch(lambda e: self.draw_snapshot(), "value")
+        self.layer_input.param.watch(lambda e: self.draw_snapshot(), "value")
+
+    def refresh_arrays(self) -> None:
+        "List the open run's snapshot series; keep the chosen one if it is still there."
+        arrays = list_arrays(self.run_dir) if self.run_dir else []
+        if arrays != list(self.array_select.options):
+            self.array_select.options = arrays
+        if self.array_select.value not in arrays:
+            self.array_select.value = arrays[0] if arrays else None   # fires refresh_snapshots(follow=True)
+        self.refresh_snapshots(follow=False)
+
+    def refresh_snapshots(self, follow: bool) -> None:
+        "List the chosen series' steps; the slider moves to the newest when following or already at the end."
+        name = self.array_select.value
+        steps = list_snapshots(self.run_dir, name) if (self.run_dir and name) else []
+        if not steps:
+            self.snap_slider.visible = False
+            text = "no snapshots in this run" if not name else f"{name}: no snapshots"
+            self.snap_plot.object = fit(empty_figure(text))
+            return
+        at_end = self.snap_slider.value == (self.snap_slider.options or [None])[-1]
+        if steps != list(self.snap_slider.options):
+            value = steps[-1] if (follow or at_end or self.snap_slider.value not in steps) else self.snap_slider.value
+            self.snap_slider.options = steps
+            self.snap_slider.value = value
+            self.snap_slider.visible = True
+            self.draw_snapshot()
+        elif follow:
+            self.snap_slider.visible = True
+            self.draw_snapshot()
+
+    def draw_snapshot(self) -> None:
+        name, step = self.array_select.value, self.snap_slider.value
+        if not (self.run_dir and name and self.snap_slider.visible):
+            return
+        try:
+            a = load_snapshot(self.run_dir, name, step)
+            dims = self.config.get("dims")
+            L = a.shape[0] if a.ndim == 2 else 1
+            layer = max(-L, min(L - 1, int(self.layer_input.value or -1)))
+            self.snap_plot.object = fit(snapshot_figure(name, a, dims=dims if isinstance(dims, list) else None,
+                                                        layer=layer, step=step))
+        except (OSError, ValueError) as err:
+            self.snap_plot.object = fit(empty_figure(f"{name} at step {step}: cannot read ({type(err).__name__})"))
+
+# %% ../nbs/20_workbench.ipynb #20c025
+class SteerabilityMixin:
+    "The Snapshots tab's steerability curves of the Fractal result JSONs in the open run's `run_dir`."
+    def _init_steerability(self) -> None:
+        "The picker, figure and note, the box showing either, and what a change of the picker triggers."
+        self._fractal: dict[str, dict] = {}
+        self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=SIDEBAR)
+        self.steer_plot = figure_pane(empty_figure("no Fractal result JSON in this run"))
+        self.steer_note = pn.pane.Markdown("No Fractal result JSON in this run "
+                                           "(`matryoshka-lab fractal --out RUN/NAME.json`).")
+        self._steer_parts = [self.steer_select, with_exports(self.steer_plot, "steerability")]
+        # the note, or the parts once the run has a Fractal result
+        self.steer_box = pn.Column(self.steer_note, sizing_mode="stretch_width")
+        self.steer_select.param.watch(lambda e: self.draw_steerability(), "value")
+
+    def refresh_fractal(self) -> None:
+        "Re-read the open run's Fractal result JSONs; the first condition is shown unless one still present was chosen."
+        self._fractal = fractal_results(self.run_dir) if self.run_dir else {}
+        options = [f"{f}: {c}" for f, res in self._fractal.items() for c in res.get("summary", {})]
+        self.steer_select.options = options
+        if self.steer_select.value not in options:
+            self.steer_select.value = options[0] if options else None
+        want = self._steer_parts if self.steer_select.options else [self.steer_note]   # swapped, not hidden: a hidden
+        if list(self.steer_box.objects) != want:                                      # plotly pane breaks notebook views
+            self.steer_box.objects = want
+        self.draw_steerability()
+
+    def draw_steerability(self) -> None:
+        choice = self.steer_select.value
+        if not choice:
+            self.steer_plot.object = fit(empty_figure("no Fractal result JSON in this run"))
+            return
+        f, cond = choice.split(": ", 1)
+        try:
+            self.steer_plot.object = fit(steerability_curves(self._fractal[f], cond))
+        except (KeyError, TypeError, ValueError) as err:
+            self.steer_plot.object = fit(empty_figure(f"{choice}: unreadable ({type(err).__name__})"))
+
+# %% ../nbs/20_workbench.ipynb #20c027
+class CompareMixin:
+    "The Compare tab: the chosen runs' latest values side by side, deltas against the first, and a metric's curves."
+    def _init_compare(self) -> None:
+        "The run and metric pickers, the pattern, the table and figures, and what a change of each triggers."
+        self._cmp_tails: dict[str, MetricsTail] = {}
+        self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
+                                               value=self.names[:2], width=SIDEBAR)
+        self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name)", value="*", width=SIDEBAR)
+        self.cmp_button = pn.widgets.Button(label="Compare", width=120)
+        self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
+        self.cmp_plot = figure_pane(empty_figure("choose runs"))
+        self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=SIDEBAR)
+        self.cmp_lines = figure_pane(empty_figure("choose runs"))
+        self.cmp_button.on_click(lambda e: self.compare())
+        self.cmp_pattern.param.watch(lambda e: self.compare(), "value")
+        self.cmp_runs.param.watch(lambda e: self.compare(), "value")
+        self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
+
+    def compare(self) -> None:
+        "Latest values of the chosen runs' metrics matching the pattern: a table with coloured deltas, and bars."
+        import plotly.graph_objects as go
+        latest = {}
+        for name in self.cmp_runs.value:
+            if name not in self._cmp_tails:
+                try:
+                    self._cmp_tails[name] = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
+                except ValueError:
+                    continue
+            t = self._cmp_tails[name]
+            t.poll()
+            latest[name] = t.latest()
+        for gone in set(self._cmp_tails) - set(self.cmp_runs.value):
+            del self._cmp_tails[gone]
+        df = compare_frame(latest, self.cmp_pattern.value or "*")
+        names = sorted({n for _, n in df.index}, key=natural_key)
+        if names != list(self.cmp_metric.options):
+            self.cmp_metric.options = names
+        if self.cmp_metric.value not in names:
+            self.cmp_metric.value = names[0] if names else None      # fires draw_compare_curves
+        self.draw_compare_curves()
+        if df.empty:
+            self.cmp_table.object = "<p>Nothing to compare: choose runs and a pattern matching their metric names.</p>"
+            self.cmp_plot.object = fit(empty_figure("nothing to compare"))
+            return
+        deltas = [c for c in df.columns if str(c).startswith("Δ ")]
+        table = df.copy()
+        table.index = [f"{s}: {n}" for s, n in table.index]
+
+        def colour(v):
+            if pd.isna(v) or v == 0:
+                return ""
+            return "background-color: #c8e6c9" if v > 0 else "background-color: #ffcdd2"
+
+        styler = table.style.format("{:.4g}", na_rep="–").map(colour, subset=deltas)
+        self.cmp_table.object = ("<p>Latest value per run; Δ = run minus the first run (green above, red below).</p>"
+                                 + styler.to_html())
+        runs = [c for c in df.columns if c not in deltas]
+        top = table.head(30)
+        fig = go.Figure([go.Bar(name=r, x=list(top.index), y=top[r]) for r in runs])
+        self.cmp_plot.object = fit(fig.update_layout(barmode="group", title="latest values"))
+
+    def draw_compare_curves(self) -> None:
+        "The chosen metric over steps, one line per compared run."
+        name = self.cmp_metric.value
+        frames = [t.frame({name}).assign(name=run) for run, t in self._cmp_tails.items()] if name else []
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["split", "name", "step", "value"])
+        title = f"{name} per run" if name else "no metric"
+        self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), title, "value"))
+
+    def refresh_compare(self) -> None:
+        "Redo the comparison if a compared run appended anything (runs still training stay current)."
+        if sum(t.poll() for t in self._cmp_tails.values()):
+            self.compare()
+
+# %% ../nbs/20_workbench.ipynb #20c027b
+class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, SteerabilityMixin, CompareMixin):
+    "One session's views over the runs root; tick() is the periodic callback, show() displays it in a notebook."
+    def __init__(self, root: str | Path | None = None,   # default: $MATRYOSHKA_LAB_RUNS or ./runs
+                 run: str | None = None):                 # the run to open first (only a listed one)
+        self.root = Path(root or runs_root()).resolve()
+        self.callback = None                               # the periodic callback, once show() registered one
+        self.ticks = 0
+        first = self._init_runs(run)
+        self._init_monitor()
+        self._init_grid()
+        self._init_snapshots()
+        self._init_steerability()
+        self._init_compare()
         self.layout = self._layout()
         self.open_run(first)
         self.compare()
@@ -211,340 +537,39 @@ class Workbench:
     def __panel__(self):                                        # pn.Row(workbench) and friends
         return self.layout
 
-# %% ../nbs/20_workbench.ipynb #20c019
-def _widgets(self) -> None:
-    "The tabs' widgets and panes, and what each change triggers."
-    self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=SIDEBAR)
-    self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=SIDEBAR)
-    self.train_plot = figure_pane(empty_figure("no run selected"))
-    self.eval_plot = figure_pane(empty_figure("no eval metrics yet"))
-    self.grid_pair = pn.widgets.Select(label="Layer x dim grid (task / metric)", options=[], width=SIDEBAR)
-    self.grid_slider = pn.widgets.DiscreteSlider(label="Evaluated at step", options=[0], value=0, width=SIDEBAR, visible=False)
-    self.grid_plot = figure_pane(empty_figure("no layer x dim evaluation yet"), height=GRID_HEIGHT)
+    def _layout(self) -> pn.Column:
+        "The header (title, run picker, step pane, status) over the four tabs: controls on the left, figures in the rest."
+        title = pn.pane.Markdown(f"# matryoshka_lab workbench\nRuns root: `{self.root}` (set ${RUNS_ENV})")
+        if not self.names:
+            title.object += ("\n\nNo runs under the runs root yet (a run is a folder with metrics.jsonl, config.json "
+                             "or grid.csv). Train one, or press Refresh runs.")
+        monitor = tab("Monitor", [self.train_choice, self.eval_choice, self.grid_pair, self.grid_slider],
+                      pn.Row(with_exports(self.train_plot, "train_curves"),
+                             with_exports(self.eval_plot, "eval_metrics"), sizing_mode="stretch_width"),
+                      with_exports(self.grid_plot, "eval_grid"))
+        snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input],
+                    with_exports(self.snap_plot, "snapshot"), self.steer_box)
+        compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_button, self.cmp_metric], self.cmp_table,
+                      pn.Row(with_exports(self.cmp_plot, "compare"), with_exports(self.cmp_lines, "compare_curves"),
+                             sizing_mode="stretch_width"))
+        grids = pn.Column(grid_view(self.root), name="Grids", sizing_mode="stretch_width")
+        self.tabs = pn.Tabs(monitor, snaps, compare, grids, dynamic=False, sizing_mode="stretch_width")
+        return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
+                         sizing_mode="stretch_width")
 
-    self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=SIDEBAR)
-    self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=SIDEBAR, visible=False)
-    self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR)
-    self.snap_plot = figure_pane(empty_figure("no snapshots in this run"), height=GRID_HEIGHT)
-    self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=SIDEBAR)
-    self.steer_plot = figure_pane(empty_figure("no Fractal result JSON in this run"))
-    self.steer_note = pn.pane.Markdown("No Fractal result JSON in this run (`matryoshka-lab fractal --out RUN/NAME.json`).")
-
-    self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
-                                           value=self.names[:2], width=SIDEBAR)
-    self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name)", value="*", width=SIDEBAR)
-    self.cmp_button = pn.widgets.Button(label="Compare", width=120)
-    self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
-    self.cmp_plot = figure_pane(empty_figure("choose runs"))
-    self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=SIDEBAR)
-    self.cmp_lines = figure_pane(empty_figure("choose runs"))
-
-    self.picker.param.watch(lambda e: self.open_run(e.new), "value")
-    self.refresh.on_click(lambda e: self.refresh_runs())
-    self.train_choice.param.watch(lambda e: self.redraw(), "value")
-    self.eval_choice.param.watch(lambda e: self.redraw(), "value")
-    self.array_select.param.watch(lambda e: self.refresh_snapshots(follow=True), "value")
-    self.snap_slider.param.watch(lambda e: self.draw_snapshot(), "value")
-    self.layer_input.param.watch(lambda e: self.draw_snapshot(), "value")
-    self.steer_select.param.watch(lambda e: self.draw_steerability(), "value")
-    self.grid_pair.param.watch(lambda e: self.refresh_grid(follow=True), "value")
-    self.grid_slider.param.watch(lambda e: self.draw_grid(), "value")
-    self.cmp_button.on_click(lambda e: self.compare())
-    self.cmp_pattern.param.watch(lambda e: self.compare(), "value")
-    self.cmp_runs.param.watch(lambda e: self.compare(), "value")
-    self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
-
-def _layout(self) -> pn.Column:
-    "The header (title, run picker, step pane, status) over the four tabs; in each tab its controls in a sidebar on the left, its figures filling the rest."
-    title = pn.pane.Markdown(f"# matryoshka_lab workbench\nRuns root: `{self.root}` (set ${RUNS_ENV})")
-    if not self.names:
-        title.object += ("\n\nNo runs under the runs root yet (a run is a folder with metrics.jsonl, config.json "
-                         "or grid.csv). Train one, or press Refresh runs.")
-    figure = lambda pane, stem: pn.Column(pane, export_row(lambda: pane.object, stem), sizing_mode="stretch_width")
-    monitor = tab("Monitor", [self.train_choice, self.eval_choice, self.grid_pair, self.grid_slider],
-                  pn.Row(figure(self.train_plot, "train_curves"), figure(self.eval_plot, "eval_metrics"),
-                         sizing_mode="stretch_width"),
-                  figure(self.grid_plot, "eval_grid"))
-    self._steer_parts = [self.steer_select, figure(self.steer_plot, "steerability")]
-    self.steer_box = pn.Column(self.steer_note, sizing_mode="stretch_width")   # the note, or the parts once the run has a Fractal result
-    snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input],
-                figure(self.snap_plot, "snapshot"), self.steer_box)
-    compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_button, self.cmp_metric], self.cmp_table,
-                  pn.Row(figure(self.cmp_plot, "compare"), figure(self.cmp_lines, "compare_curves"),
-                         sizing_mode="stretch_width"))
-    grids = pn.Column(grid_view(self.root), name="Grids", sizing_mode="stretch_width")
-    self.tabs = pn.Tabs(monitor, snaps, compare, grids, dynamic=False, sizing_mode="stretch_width")
-    return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
-                     sizing_mode="stretch_width")
-
-Workbench._widgets, Workbench._layout = _widgets, _layout
-
-# %% ../nbs/20_workbench.ipynb #20c021
-def _open_run(self, name: str | None) -> None:
-    "Open run `name` (refused in the status line if it leads out of the root): tail, curves, snapshots, Fractal results."
-    self.tail, self.run_dir, self.config = None, None, {}
-    self.step.object = "step -"
-    if name:
+    def tick(self) -> None:
+        "The periodic callback: poll the tail, update the step pane; every few ticks re-list runs and snapshots."
         try:
-            self.run_dir = resolve_run(self.root, name)
-            self.tail = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
-        except ValueError as err:
-            self.status.object = f"refused: {err}"
-        else:
-            self.config = _read_config(self.run_dir, self.root)
-            self.status.object = ""
-    self.train_choice.options, self.train_choice.value = [], []
-    self.eval_choice.options, self.eval_choice.value = [], []
-    self.poll()
-    self.redraw()
-    self.refresh_arrays()
-    self.refresh_fractal()
-
-def _refresh_runs(self) -> None:
-    "List the runs again; a run deleted while open stays selected."
-    self.names = safe_runs(self.root)
-    keep = [self.picker.value] if self.picker.value and self.picker.value not in self.names else []
-    self.picker.options = self.names + keep
-    self.cmp_runs.options = self.names + [n for n in self.cmp_runs.value if n not in self.names]
-
-Workbench.open_run, Workbench.refresh_runs = _open_run, _refresh_runs
-
-# %% ../nbs/20_workbench.ipynb #20c022
-def _poll(self) -> int:
-    "Read what the open run appended; update the step pane and status; returns the number of new records."
-    if self.tail is None:
-        return 0
-    new = self.tail.poll()
-    if self.tail.last_step is not None:
-        self.step.object = f"step {self.tail.last_step}"
-    if self.tail.missing:
-        self.status.object = ("metrics.jsonl is missing (run not started, or deleted) or not a regular file: "
-                              "showing what was read")
-    elif self.tail.bad:
-        self.status.object = f"{self.tail.bad} malformed line(s) skipped"
-    if new:
-        self._dirty = True
-        self._update_choices()
-    return new
-
-def _update_choices(self) -> None:
-    train = sorted((n for s, n in self.tail.series if s == "train"), key=natural_key)
-    evals = sorted((n for s, n in self.tail.series if s != "train"), key=natural_key)
-    if train != list(self.train_choice.options):
-        self.train_choice.options = train
-        if not self.train_choice.value:
-            self.train_choice.value = default_train(train)
-    if evals != list(self.eval_choice.options):
-        self.eval_choice.options = evals
-        if not self.eval_choice.value:
-            self.eval_choice.value = default_eval(evals, self.first_eval_task())
-
-def _first_eval_task(self) -> str | None:
-    "The open run's first configured eval task (its curves and grid are shown first), if its config names one."
-    tasks = self.config.get("eval_tasks")
-    return tasks[0] if isinstance(tasks, list) and tasks else None
-
-def _redraw(self) -> None:
-    "Draw the chosen training curves and eval metrics."
-    self._dirty, self._plotted = False, time.monotonic()
-    if self.tail is None:
-        self.train_plot.object = fit(empty_figure("no run selected"))
-        self.eval_plot.object = fit(empty_figure(""))
-    else:
-        df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
-        self.train_plot.object = fit(lines_figure(df[df.split == "train"], list(self.train_choice.value),
-                                              "training loss and parts", "value"))
-        self.eval_plot.object = fit(lines_figure(df[df.split != "train"], list(self.eval_choice.value), "eval metrics", "value"))
-    self.refresh_grid(follow=False)
-
-def _tick(self) -> None:
-    "The periodic callback: poll the tail, update the step pane; every few ticks re-list runs and snapshots."
-    try:
-        self.ticks += 1
-        self.poll()
-        if self._dirty and time.monotonic() - self._plotted >= PLOT_EVERY_S:
-            self.redraw()
-        if self.ticks % SLOW_EVERY == 0:
-            self.refresh_runs()
-            self.refresh_arrays()
-            self.refresh_compare()
-    except Exception as err:        # a bad file must never stop the periodic callback
-        self.status.object = f"error while refreshing: {type(err).__name__}: {err}"
-
-Workbench.poll, Workbench._update_choices, Workbench.redraw, Workbench.tick = _poll, _update_choices, _redraw, _tick
-Workbench.first_eval_task = _first_eval_task
-
-# %% ../nbs/20_workbench.ipynb #20c022b
-def _refresh_grid(self, follow: bool) -> None:
-    "Re-read the open run's layer x dim eval records; keep the chosen task / metric and step unless following the newest."
-    names = {n for s, n in self.tail.series if s != "train" and GRID_NAME.match(n)} if self.tail else set()
-    self._grids = eval_grids(self.tail.frame(names)) if names else eval_grids(pd.DataFrame(columns=["split", "name"]))
-    g = self._grids
-    pairs = sorted({f"{t} / {m}" for t, m in zip(g.task, g.metric)}, key=natural_key)
-    if pairs != list(self.grid_pair.options):
-        head = " / ".join(headline_pair(g, self.first_eval_task())) if len(g) else None
-        keep = self.grid_pair.value if self.grid_pair.value in pairs else head
-        self.grid_pair.options = pairs
-        if keep != self.grid_pair.value:
-            self.grid_pair.value = keep                  # fires refresh_grid(follow=True)
-            return
-    if not self.grid_pair.value:
-        self.grid_slider.visible = False
-        self.grid_plot.object = fit(empty_figure("no layer x dim evaluation yet"))
-        return
-    task, metric = self.grid_pair.value.split(" / ")
-    steps = sorted(set(g.step[(g.task == task) & (g.metric == metric)].tolist()))
-    at_end = self.grid_slider.value == (self.grid_slider.options or [None])[-1]
-    if steps != list(self.grid_slider.options) or follow:
-        value = steps[-1] if (follow or at_end or self.grid_slider.value not in steps) else self.grid_slider.value
-        self.grid_slider.options, self.grid_slider.visible = steps, True
-        if value != self.grid_slider.value:
-            self.grid_slider.value = value               # fires draw_grid
-            return
-        self.draw_grid()
-
-def _draw_grid(self) -> None:
-    "The chosen task / metric's layer x dim heatmap at the slider's step."
-    if not self.grid_pair.value or not self.grid_slider.visible:
-        return
-    task, metric = self.grid_pair.value.split(" / ")
-    at = self._grids[self._grids.step == self.grid_slider.value]
-    try:
-        fig = plot_grid(at, task, metric)
-        self.grid_plot.object = fit(fig.update_layout(title=f"{fig.layout.title.text} (step {self.grid_slider.value})"))
-    except ValueError as err:
-        self.grid_plot.object = fit(empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}"))
-
-Workbench.refresh_grid, Workbench.draw_grid = _refresh_grid, _draw_grid
-
-# %% ../nbs/20_workbench.ipynb #20c024
-def _refresh_arrays(self) -> None:
-    "List the open run's snapshot series; keep the chosen one if it is still there."
-    arrays = list_arrays(self.run_dir) if self.run_dir else []
-    if arrays != list(self.array_select.options):
-        self.array_select.options = arrays
-    if self.array_select.value not in arrays:
-        self.array_select.value = arrays[0] if arrays else None   # fires refresh_snapshots(follow=True)
-    self.refresh_snapshots(follow=False)
-
-def _refresh_snapshots(self, follow: bool) -> None:
-    "List the chosen series' steps; the slider moves to the newest when following or already at the end."
-    name = self.array_select.value
-    steps = list_snapshots(self.run_dir, name) if (self.run_dir and name) else []
-    if not steps:
-        self.snap_slider.visible = False
-        self.snap_plot.object = fit(empty_figure("no snapshots in this run" if not name else f"{name}: no snapshots"))
-        return
-    at_end = self.snap_slider.value == (self.snap_slider.options or [None])[-1]
-    if steps != list(self.snap_slider.options):
-        value = steps[-1] if (follow or at_end or self.snap_slider.value not in steps) else self.snap_slider.value
-        self.snap_slider.options = steps
-        self.snap_slider.value = value
-        self.snap_slider.visible = True
-        self.draw_snapshot()
-    elif follow:
-        self.snap_slider.visible = True
-        self.draw_snapshot()
-
-def _draw_snapshot(self) -> None:
-    name, step = self.array_select.value, self.snap_slider.value
-    if not (self.run_dir and name and self.snap_slider.visible):
-        return
-    try:
-        a = load_snapshot(self.run_dir, name, step)
-        dims = self.config.get("dims")
-        L = a.shape[0] if a.ndim == 2 else 1
-        layer = max(-L, min(L - 1, int(self.layer_input.value or -1)))
-        self.snap_plot.object = fit(snapshot_figure(name, a, dims=dims if isinstance(dims, list) else None, layer=layer,
-                                                step=step))
-    except (OSError, ValueError) as err:
-        self.snap_plot.object = fit(empty_figure(f"{name} at step {step}: cannot read ({type(err).__name__})"))
-
-Workbench.refresh_arrays, Workbench.refresh_snapshots, Workbench.draw_snapshot = _refresh_arrays, _refresh_snapshots, _draw_snapshot
-
-# %% ../nbs/20_workbench.ipynb #20c025
-def _refresh_fractal(self) -> None:
-    "Re-read the open run's Fractal result JSONs; the first condition is shown unless one still present was chosen."
-    self._fractal = fractal_results(self.run_dir) if self.run_dir else {}
-    options = [f"{f}: {c}" for f, res in self._fractal.items() for c in res.get("summary", {})]
-    self.steer_select.options = options
-    if self.steer_select.value not in options:
-        self.steer_select.value = options[0] if options else None
-    want = self._steer_parts if self.steer_select.options else [self.steer_note]   # swapped, not hidden: a hidden
-    if list(self.steer_box.objects) != want:                                      # plotly pane breaks notebook views
-        self.steer_box.objects = want
-    self.draw_steerability()
-
-def _draw_steerability(self) -> None:
-    choice = self.steer_select.value
-    if not choice:
-        self.steer_plot.object = fit(empty_figure("no Fractal result JSON in this run"))
-        return
-    f, cond = choice.split(": ", 1)
-    try:
-        self.steer_plot.object = fit(steerability_curves(self._fractal[f], cond))
-    except (KeyError, TypeError, ValueError) as err:
-        self.steer_plot.object = fit(empty_figure(f"{choice}: unreadable ({type(err).__name__})"))
-
-Workbench.refresh_fractal, Workbench.draw_steerability = _refresh_fractal, _draw_steerability
-
-# %% ../nbs/20_workbench.ipynb #20c027
-def _compare(self) -> None:
-    "Latest values of the chosen runs' metrics matching the pattern: a table with coloured deltas, and bars."
-    import plotly.graph_objects as go
-    latest = {}
-    for name in self.cmp_runs.value:
-        if name not in self._cmp_tails:
-            try:
-                self._cmp_tails[name] = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
-            except ValueError:
-                continue
-        t = self._cmp_tails[name]
-        t.poll()
-        latest[name] = t.latest()
-    for gone in set(self._cmp_tails) - set(self.cmp_runs.value):
-        del self._cmp_tails[gone]
-    df = compare_frame(latest, self.cmp_pattern.value or "*")
-    names = sorted({n for _, n in df.index}, key=natural_key)
-    if names != list(self.cmp_metric.options):
-        self.cmp_metric.options = names
-    if self.cmp_metric.value not in names:
-        self.cmp_metric.value = names[0] if names else None      # fires draw_compare_curves
-    self.draw_compare_curves()
-    if df.empty:
-        self.cmp_table.object = "<p>Nothing to compare: choose runs and a pattern matching their metric names.</p>"
-        self.cmp_plot.object = fit(empty_figure("nothing to compare"))
-        return
-    deltas = [c for c in df.columns if str(c).startswith("Δ ")]
-    table = df.copy()
-    table.index = [f"{s}: {n}" for s, n in table.index]
-
-    def colour(v):
-        if pd.isna(v) or v == 0:
-            return ""
-        return "background-color: #c8e6c9" if v > 0 else "background-color: #ffcdd2"
-
-    styler = table.style.format("{:.4g}", na_rep="–").map(colour, subset=deltas)
-    self.cmp_table.object = ("<p>Latest value per run; Δ = run minus the first run (green above, red below).</p>"
-                             + styler.to_html())
-    runs = [c for c in df.columns if c not in deltas]
-    top = table.head(30)
-    fig = go.Figure([go.Bar(name=r, x=list(top.index), y=top[r]) for r in runs])
-    self.cmp_plot.object = fit(fig.update_layout(barmode="group", title="latest values"))
-
-def _draw_compare_curves(self) -> None:
-    "The chosen metric over steps, one line per compared run."
-    name = self.cmp_metric.value
-    frames = [t.frame({name}).assign(name=run) for run, t in self._cmp_tails.items()] if name else []
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["split", "name", "step", "value"])
-    self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), f"{name} per run" if name else "no metric", "value"))
-
-def _refresh_compare(self) -> None:
-    "Redo the comparison if a compared run appended anything (runs still training stay current)."
-    if sum(t.poll() for t in self._cmp_tails.values()):
-        self.compare()
-
-Workbench.compare, Workbench.draw_compare_curves, Workbench.refresh_compare = _compare, _draw_compare_curves, _refresh_compare
+            self.ticks += 1
+            self.poll()
+            if self._dirty and time.monotonic() - self._plotted >= PLOT_EVERY_S:
+                self.redraw()
+            if self.ticks % SLOW_EVERY == 0:
+                self.refresh_runs()
+                self.refresh_arrays()
+                self.refresh_compare()
+        except Exception as err:        # a bad file must never stop the periodic callback
+            self.status.object = f"error while refreshing: {type(err).__name__}: {err}"
 
 def build_app(root: str | Path | None = None, run: str | None = None) -> Workbench:
     "The workbench for a runs root (default $MATRYOSHKA_LAB_RUNS or ./runs); serve .layout, call .tick periodically."
