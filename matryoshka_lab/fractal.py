@@ -25,16 +25,17 @@ from .encoder import encode_cached
 from .eval import knn_grid
 
 # %% auto #0
-__all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'PROTOCOLS', 'PAPER_SEEDS', 'CLINC_SUPER_DOMAINS', 'PAPER_S',
-           'PAPER_T3', 'PAPER_POOLED', 'PAPER_T5', 'PAPER_T5_FIT', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy',
-           'loo_knn_accuracy', 'steerability', 'steerability_auc', 'steerability_mono', 'steerability_gap',
-           'steerability_metrics', 'localisation', 'Supervision', 'swap_levels', 'interpolated_levels', 'supervision',
-           'AuthorsBody', 'FractalHead', 'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows',
-           'fractal_step', 'FractalConfig', 'fractal_config', 'protocol_overrides', 'project', 'prefix_views',
-           'loo_grid', 'eval_grids', 'train_head', 'encode_levels', 'stratified_split', 'backbone_vectors',
-           'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds', 'run_condition', 'entropy_bits',
-           'conditional_entropy_bits', 'hierarchy_bits', 'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse',
-           'add_parent_level', 'synthetic_sweep', 'quadratic_fit', 'fmt', 'mean_sd', 'table5', 'capacity_table']
+__all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'FROM_PROTOCOL', 'PROTOCOLS', 'PAPER_SEEDS',
+           'CLINC_SUPER_DOMAINS', 'PAPER_S', 'PAPER_T3', 'PAPER_POOLED', 'PAPER_T5', 'PAPER_T5_FIT', 'prefix_dims',
+           'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'steerability', 'steerability_auc',
+           'steerability_mono', 'steerability_gap', 'steerability_metrics', 'localisation', 'Supervision',
+           'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody', 'FractalHead', 'block_keep_mask',
+           'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'FractalConfig', 'fractal_config',
+           'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids', 'train_head', 'encode_levels',
+           'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds',
+           'run_condition', 'entropy_bits', 'conditional_entropy_bits', 'hierarchy_bits', 'run_fractal', 'runs_frame',
+           'cross_dataset', 'random_coarse', 'add_parent_level', 'synthetic_sweep', 'quadratic_fit', 'fmt', 'mean_sd',
+           'table5', 'capacity_table']
 
 # %% ../nbs/15_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -332,12 +333,27 @@ _CHOICES = {"body": ("linear", "authors"), "normalise": ("none", "authors"), "pr
             "block_dropout": ("all", "full"), "schedule": ("cosine", "constant"), "selection": ("train_index", "loo"),
             "evaluation": EVALUATIONS}
 
+class _FromProtocol:
+    "The default of a protocol option: filled from PROTOCOLS[protocol] when the config is made."
+    def __repr__(self): return "<from protocol>"
+FROM_PROTOCOL = _FromProtocol()
+
+PROTOCOLS = {   # the only source of the protocol options' values; FractalConfig fills those not given from its protocol's
+    "authors": {"body": "authors", "normalise": "authors", "contrastive_weight": 1.0, "margin_weight": 0.5,
+                "prefix_labels": "first", "prefix_sampling": "example_mode", "mrl": "all", "uhmt_full": "uniform",
+                "block_dropout": "full", "schedule": "constant", "drop_last": True, "selection": "loo",
+                "evaluation": "loo500", "val_frac": 0.15, "split_seed": 0},
+    "paper-text": {"body": "linear", "normalise": "none", "contrastive_weight": 0.0, "margin_weight": 0.0,
+                   "prefix_labels": "paper", "prefix_sampling": "batch", "mrl": "sampled", "uhmt_full": "fine",
+                   "block_dropout": "all", "schedule": "cosine", "drop_last": False, "selection": "train_index",
+                   "evaluation": "train_index", "val_frac": 0.1, "split_seed": None}}
+
 @dataclass(frozen=True)
 class FractalConfig:
-    "Hyperparameters of one head-training run; the defaults are the `authors` protocol (PROTOCOLS), the shared ones fractal_embeddings.txt Sec. 3 / App. H."
+    "Hyperparameters of one head-training run: the shared ones fractal_embeddings.txt Sec. 3 / App. H; the protocol options, where not given, `protocol`'s (PROTOCOLS)."
     condition: str = "v5"                          # one of CONDITIONS
     seed: int = 0                                  # head init, batch order, prefix draws, dropout, positives
-    protocol: str = "authors"                      # the name of the preset the options below came from (a label; run_fractal records overrides)
+    protocol: str = "authors"                      # PROTOCOLS' preset that the protocol options not given come from (run_fractal records overrides)
     dim: int = 256                                 # D of the projected embedding
     prefix_probs: tuple = (0.4, 0.3, 0.2, 0.1)     # P(j): favours short prefixes
     alphas: tuple = (0.7, 0.3)                     # alpha_2, alpha_3 of Eq. 2 (coarse share of the blend)
@@ -350,31 +366,34 @@ class FractalConfig:
     grad_clip: float = 1.0                         # max global grad norm
     k: int = 5                                     # k-NN neighbours (selection and evaluation)
     # --- where the authors' code and the paper's text differ (PROTOCOLS; nb15 "Two protocols") ---
-    body: str = "authors"                          # "linear": W [H -> D] (Sec. 3) | "authors": their 2.1M-parameter network
+    body: str = FROM_PROTOCOL                      # "linear": W [H -> D] (Sec. 3) | "authors": their 2.1M-parameter network
     head_dropout: float = 0.1                      # dropout inside the authors' network while training
-    normalise: str = "authors"                     # "none": raw e | "authors": full L2(LayerNorm(e)), prefix L2(raw blocks), LayerNorm before classifiers
-    contrastive_weight: float = 1.0                # InfoNCE per supervised level against a same-label positive (paper text: 0)
-    margin_weight: float = 0.5                     # in-batch margin loss per supervised level (paper text: 0)
+    normalise: str = FROM_PROTOCOL                 # "none": raw e | "authors": full L2(LayerNorm(e)), prefix L2(raw blocks), LayerNorm before classifiers
+    contrastive_weight: float = FROM_PROTOCOL      # InfoNCE per supervised level against a same-label positive (paper text: 0)
+    margin_weight: float = FROM_PROTOCOL           # in-batch margin loss per supervised level (paper text: 0)
     temperature: float = 0.07                      # InfoNCE temperature
     margin: float = 0.2                            # margin of the margin loss
-    prefix_labels: str = "first"                   # "paper": Eq. 2 by j | "first": every prefix gets j = 1's labels (V5: always coarse)
-    prefix_sampling: str = "example_mode"          # "batch": one j (Alg. 1) | "example": one j per row | "example_mode": per row, cut at the batch's mode
-    mrl: str = "all"                               # "sampled": Eq. 4 at the batch's j | "all": every prefix each batch, weighted P(j), own classifier
-    uhmt_full: str = "uniform"                     # UHMT's full-vector term: "fine" (as MRL) | "uniform" (0.5 L0 + 0.5 L1, the authors')
-    block_dropout: str = "full"                    # block dropout on "all" terms (Alg. 1 line 4) | the "full"-vector term only
-    schedule: str = "constant"                     # "cosine" decay to 0 (Sec. 3) | "constant" lr
-    drop_last: bool = True                         # drop the last short batch of an epoch
-    selection: str = "loo"                         # best epoch by validation k-NN "train_index" | "loo" among the first selection_rows
+    prefix_labels: str = FROM_PROTOCOL             # "paper": Eq. 2 by j | "first": every prefix gets j = 1's labels (V5: always coarse)
+    prefix_sampling: str = FROM_PROTOCOL           # "batch": one j (Alg. 1) | "example": one j per row | "example_mode": per row, cut at the batch's mode
+    mrl: str = FROM_PROTOCOL                       # "sampled": Eq. 4 at the batch's j | "all": every prefix each batch, weighted P(j), own classifier
+    uhmt_full: str = FROM_PROTOCOL                 # UHMT's full-vector term: "fine" (as MRL) | "uniform" (0.5 L0 + 0.5 L1, the authors')
+    block_dropout: str = FROM_PROTOCOL             # block dropout on "all" terms (Alg. 1 line 4) | the "full"-vector term only
+    schedule: str = FROM_PROTOCOL                  # "cosine" decay to 0 (Sec. 3) | "constant" lr
+    drop_last: bool = FROM_PROTOCOL                # drop the last short batch of an epoch
+    selection: str = FROM_PROTOCOL                 # best epoch by validation k-NN "train_index" | "loo" among the first selection_rows
     selection_rows: int = 1000
-    evaluation: str = "loo500"                     # the headline S: one of EVALUATIONS (all three are always reported)
+    evaluation: str = FROM_PROTOCOL                # the headline S: one of EVALUATIONS (all three are always reported)
     max_train: int | None = 10_000                 # training rows (before validation) and test rows, Table 1 (None: all)
     max_test: int | None = 2_000
-    val_frac: float = 0.15                         # validation share of the training rows, stratified by the finest label
-    split_seed: int | None = 0                     # rows and split fixed for every seed (None: each seed its own)
+    val_frac: float = FROM_PROTOCOL                # validation share of the training rows, stratified by the finest label
+    split_seed: int | None = FROM_PROTOCOL         # rows and split fixed for every seed (None: each seed its own)
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; protocols are {', '.join(PROTOCOLS)}")
+        for name, value in PROTOCOLS[self.protocol].items():
+            if getattr(self, name) is FROM_PROTOCOL:
+                object.__setattr__(self, name, value)
         supervision(self.condition, uhmt_full=self.uhmt_full)  # unknown condition -> ValueError
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
@@ -405,16 +424,6 @@ class FractalConfig:
         "The prefix lengths (64, 128, 192, 256)."
         return prefix_dims(self.dim, len(self.prefix_probs))
 
-PROTOCOLS = {
-    "authors": {"body": "authors", "normalise": "authors", "contrastive_weight": 1.0, "margin_weight": 0.5,
-                "prefix_labels": "first", "prefix_sampling": "example_mode", "mrl": "all", "uhmt_full": "uniform",
-                "block_dropout": "full", "schedule": "constant", "drop_last": True, "selection": "loo",
-                "evaluation": "loo500", "val_frac": 0.15, "split_seed": 0},
-    "paper-text": {"body": "linear", "normalise": "none", "contrastive_weight": 0.0, "margin_weight": 0.0,
-                   "prefix_labels": "paper", "prefix_sampling": "batch", "mrl": "sampled", "uhmt_full": "fine",
-                   "block_dropout": "all", "schedule": "cosine", "drop_last": False, "selection": "train_index",
-                   "evaluation": "train_index", "val_frac": 0.1, "split_seed": None}}
-
 def fractal_config(protocol: str = "authors", **overrides) -> FractalConfig:
     "The FractalConfig of a named protocol ('authors', the default, or 'paper-text') with any field overridden."
     if protocol not in PROTOCOLS:
@@ -423,7 +432,7 @@ def fractal_config(protocol: str = "authors", **overrides) -> FractalConfig:
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r}; options are {', '.join(f for f in fields if f != 'protocol')}")
-    return FractalConfig(**{**PROTOCOLS[protocol], "protocol": protocol, **overrides})
+    return FractalConfig(protocol=protocol, **overrides)
 
 def protocol_overrides(cfg: FractalConfig) -> dict:
     "The protocol options of cfg that differ from its named protocol's."
