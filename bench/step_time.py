@@ -36,21 +36,24 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.core import git_commit
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
+from matryoshka_lab.methods import get_method
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
 from matryoshka_lab.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
+from matryoshka_lab.trainer import method_views
 
 DIMS = [16, 32, 64, 128, 256, 384]
 ADAPTED = ("mrl", "2dmse", "mipic", "mic")   # our losses timed inside sentence-transformers' step too
 
 
-def ours(enc, loss, batch_a, batch_b, opt, gen):
-    tokens = getattr(loss, "needs_tokens", False)   # token-level losses take the whole EncoderOutput of each view
+def ours(enc, method, loss, batch_a, batch_b, opt, gen):
+    "One step of `loss` on the views the trainer gives `method` (token states for MIPIC and MIC)."
+    method = get_method(method)
     def step():
         opt.zero_grad(set_to_none=True)
-        a, b = enc(**batch_a, tokens=tokens), enc(**batch_b, tokens=tokens)
-        (loss(a, b, None, generator=gen) if tokens else loss(a.pooled, b.pooled, None, generator=gen)).total.backward()
+        a, b = method_views(method, enc, batch_a, batch_b)
+        loss(a, b, None, generator=gen).total.backward()
         opt.step()
     return step
 
@@ -91,12 +94,11 @@ def main():
     mipic = MIPIC(info_nce, dims, enc.hidden_size, enc.num_layers, anchor="cls" if enc.pooling == "cls" else "pooled")   # as make_loss
     mic = MIC(info_nce, dims, enc.hidden_size, enc.num_layers)
     opt = torch.optim.AdamW(list(enc.parameters()) + list(mipic.parameters()), lr=0.0)   # lr 0: same work, same weights
-    setups = {"base": ours(enc, MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
-              "mrl": ours(enc, MRL(info_nce, dims=dims), ba, bb, opt, gen),
-              "2dmse": ours(enc, TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen)}
-
-    setups["mipic"] = ours(enc, mipic, ba, bb, opt, gen)
-    setups["mic"] = ours(enc, mic, ba, bb, opt, gen)
+    setups = {"base": ours(enc, "base", MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
+              "mrl": ours(enc, "mrl", MRL(info_nce, dims=dims), ba, bb, opt, gen),
+              "2dmse": ours(enc, "2dmse", TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen),
+              "mipic": ours(enc, "mipic", mipic, ba, bb, opt, gen),
+              "mic": ours(enc, "mic", mic, ba, bb, opt, gen)}
     st = SentenceTransformer(resolve_model(args.model), device="cpu")
     st.max_seq_length = args.max_length
     st.train()

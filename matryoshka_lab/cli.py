@@ -253,7 +253,8 @@ def _torchrun(args) -> int:
     return subprocess.call(cmd + (["--no-progress"] if args.no_progress else []))
 
 def _train(args) -> int:
-    from matryoshka_lab.trainer import Trainer, load_config
+    from matryoshka_lab.config import load_config
+    from matryoshka_lab.trainer import Trainer
     cfg = load_config(args.config, args.overrides)   # config errors surface here, before any process starts
     if args.data_dir:
         cfg = dataclasses.replace(cfg, data_dir=args.data_dir)

@@ -400,51 +400,43 @@ class DiagnosticsCallback(Callback):
         self.every, self.budget, self.probe_size, self.which, self.seed = every, budget, probe_size, _check_which(which), seed
         self.probe, self.clock, self.measured, self._started = None, None, None, None
 
-# %% ../nbs/18_diagnostics.ipynb #18c082
-def _diag_before_fit(self, trainer) -> None:
-    if not trainer.dist.main:
-        return
-    cfg = trainer.config
-    self.probe = probe_texts(load_task(cfg.train_task, cfg.data_dir), self.probe_size, self.seed)
-    self.clock = TimeBudget(self.budget)
-    self.measure(trainer)                  # step 0, or the step a resumed run goes on from
+    def before_fit(self, trainer) -> None:
+        if not trainer.dist.main:
+            return
+        cfg = trainer.config
+        self.probe = probe_texts(load_task(cfg.train_task, cfg.data_dir), self.probe_size, self.seed)
+        self.clock = TimeBudget(self.budget)
+        self.measure(trainer)                  # step 0, or the step a resumed run goes on from
 
-def _diag_before_step(self, trainer) -> None:
-    self._started = time.perf_counter()
+    def before_step(self, trainer) -> None:
+        self._started = time.perf_counter()
 
-def _diag_after_step(self, trainer) -> None:
-    if not trainer.dist.main:
-        return
-    self.clock.trained += time.perf_counter() - self._started
-    if trainer.step < trainer.config.max_steps and (
-            trainer.step % self.every == 0 if self.every > 0 else self.clock.allows()):
-        self.measure(trainer)
+    def after_step(self, trainer) -> None:
+        if not trainer.dist.main:
+            return
+        self.clock.trained += time.perf_counter() - self._started
+        if trainer.step < trainer.config.max_steps and (
+                trainer.step % self.every == 0 if self.every > 0 else self.clock.allows()):
+            self.measure(trainer)
 
-def _diag_after_fit(self, trainer) -> None:
-    if trainer.dist.main and self.measured != trainer.step:     # a cancelled fit may have measured its last step
-        self.measure(trainer)
+    def after_fit(self, trainer) -> None:
+        if trainer.dist.main and self.measured != trainer.step:     # a cancelled fit may have measured its last step
+            self.measure(trainer)
 
-# %% ../nbs/18_diagnostics.ipynb #18c083
-def _diag_measure(self, trainer) -> dict[str, torch.Tensor]:
-    "Encode the probe once, write the diagnostics' arrays and last-layer scalars at trainer.step, with diag/seconds and diag/overhead; return the arrays."
-    started = time.perf_counter()
-    cfg, enc = trainer.config, trainer.encoder
-    dims = parse_dims(cfg.eval_dims or list(cfg.dims), enc.hidden_size)
-    h = enc.encode(self.probe, layers="all", max_length=cfg.max_length, progress=False)   # [L+1, N, D], eval mode, no grad
-    out = probe_diagnostics(h, dims, self.which)
-    for name, array in out.items():
-        trainer.log.save_array(f"diag_{name}", trainer.step, array.numpy())
-    scalars = diagnostics_summary(out, dims)
-    self.clock.add_measurement(time.perf_counter() - started)
-    self.measured = trainer.step
-    scalars["diag/seconds"] = self.clock.last
-    if self.clock.trained > 0:
-        scalars["diag/overhead"] = self.clock.overhead
-    trainer.log.log_many(trainer.step, scalars, split="eval")
-    return out
-
-DiagnosticsCallback.before_fit = _diag_before_fit
-DiagnosticsCallback.before_step = _diag_before_step
-DiagnosticsCallback.after_step = _diag_after_step
-DiagnosticsCallback.after_fit = _diag_after_fit
-DiagnosticsCallback.measure = _diag_measure
+    def measure(self, trainer) -> dict[str, torch.Tensor]:
+        "Encode the probe once, write the diagnostics' arrays and last-layer scalars at trainer.step, with diag/seconds and diag/overhead; return the arrays."
+        started = time.perf_counter()
+        cfg, enc = trainer.config, trainer.encoder
+        dims = parse_dims(cfg.eval_dims or list(cfg.dims), enc.hidden_size)
+        h = enc.encode(self.probe, layers="all", max_length=cfg.max_length, progress=False)   # [L+1, N, D], eval mode, no grad
+        out = probe_diagnostics(h, dims, self.which)
+        for name, array in out.items():
+            trainer.log.save_array(f"diag_{name}", trainer.step, array.numpy())
+        scalars = diagnostics_summary(out, dims)
+        self.clock.add_measurement(time.perf_counter() - started)
+        self.measured = trainer.step
+        scalars["diag/seconds"] = self.clock.last
+        if self.clock.trained > 0:
+            scalars["diag/overhead"] = self.clock.overhead
+        trainer.log.log_many(trainer.step, scalars, split="eval")
+        return out

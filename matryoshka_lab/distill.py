@@ -64,41 +64,36 @@ class MatryoshkaDistill(nn.Module):
         self.projections = nn.ModuleList([semi_orthogonal(d, teacher_dim) for d in self.dims])
         self.heads = nn.ModuleList([nn.Linear(teacher_dim, n_classes) for _ in self.dims] if self.n_classes else [])
 
-# %% ../nbs/16_distill.ipynb #16c011
-def _check_inputs(self, student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None) -> None:
-    if student.dim() != 2 or student.shape[1] < self.dims[-1]:
-        raise ValueError(f"student embeddings must be [B, D_S] with D_S >= {self.dims[-1]}, got shape {tuple(student.shape)}")
-    if teacher.dim() != 2 or teacher.shape[1] != self.teacher_dim:
-        raise ValueError(f"teacher embeddings must be [B, {self.teacher_dim}], got shape {tuple(teacher.shape)}")
-    if teacher.shape[0] != student.shape[0]:
-        raise ValueError(f"student and teacher embeddings must have the same rows, got {student.shape[0]} and {teacher.shape[0]}")
-    if self.heads and labels is None:
-        raise ValueError(f"labels [B] are needed: the loss has classification heads (n_classes={self.n_classes})")
-    if self.heads and (labels.shape != (student.shape[0],) or labels.min() < 0 or labels.max() >= self.n_classes):
-        raise ValueError(f"labels must be [{student.shape[0]}] integers in 0..{self.n_classes - 1}")
+    def check_inputs(self, student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None) -> None:
+        if student.dim() != 2 or student.shape[1] < self.dims[-1]:
+            raise ValueError(f"student embeddings must be [B, D_S] with D_S >= {self.dims[-1]}, got shape {tuple(student.shape)}")
+        if teacher.dim() != 2 or teacher.shape[1] != self.teacher_dim:
+            raise ValueError(f"teacher embeddings must be [B, {self.teacher_dim}], got shape {tuple(teacher.shape)}")
+        if teacher.shape[0] != student.shape[0]:
+            raise ValueError(f"student and teacher embeddings must have the same rows, got {student.shape[0]} and {teacher.shape[0]}")
+        if self.heads and labels is None:
+            raise ValueError(f"labels [B] are needed: the loss has classification heads (n_classes={self.n_classes})")
+        if self.heads and (labels.shape != (student.shape[0],) or labels.min() < 0 or labels.max() >= self.n_classes):
+            raise ValueError(f"labels must be [{student.shape[0]}] integers in 0..{self.n_classes - 1}")
 
-def _projected(self, student: torch.Tensor) -> list[torch.Tensor]:
-    "Zhat_S^(d) = Z_S^(d) P^(d) for every subnet d: student [B, D_S] -> K tensors [B, D]."
-    return [student[:, :d] @ p.weight for d, p in zip(self.dims, self.projections)]
+    def projected(self, student: torch.Tensor) -> list[torch.Tensor]:
+        "Zhat_S^(d) = Z_S^(d) P^(d) for every subnet d: student [B, D_S] -> K tensors [B, D]."
+        return [student[:, :d] @ p.weight for d, p in zip(self.dims, self.projections)]
 
-def _distill_forward(self, student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None = None) -> LossOutput:
-    "The objective for student [B, D_S], teacher [B, D] and labels [B] (with heads), with per-subnet parts."
-    self.check_inputs(student, teacher, labels)
-    with torch.autocast(student.device.type, enabled=False):
-        z_hat, z_t = self.projected(student.float()), teacher.float()
-        align = torch.stack([(z - z_t).square().sum(-1).mean() for z in z_hat])               # [K]
-        names, values = [f"d{d}/align" for d in self.dims] + ["align"], [align, align.sum()[None]]
-        total = self.lambda_align * align.sum()
-        if self.heads:
-            cls = torch.stack([F.cross_entropy(f(z), labels) for f, z in zip(self.heads, z_hat)])  # [K]
-            names += [f"d{d}/cls" for d in self.dims] + ["cls"]
-            values += [cls, cls.sum()[None]]
-            total = total + self.lambda_cls * cls.sum()
-    return LossOutput(total, dict(zip(names, torch.cat(values).detach().tolist())))
-
-MatryoshkaDistill.check_inputs = _check_inputs
-MatryoshkaDistill.projected = _projected
-MatryoshkaDistill.forward = _distill_forward
+    def forward(self, student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None = None) -> LossOutput:
+        "The objective for student [B, D_S], teacher [B, D] and labels [B] (with heads), with per-subnet parts."
+        self.check_inputs(student, teacher, labels)
+        with torch.autocast(student.device.type, enabled=False):
+            z_hat, z_t = self.projected(student.float()), teacher.float()
+            align = torch.stack([(z - z_t).square().sum(-1).mean() for z in z_hat])               # [K]
+            names, values = [f"d{d}/align" for d in self.dims] + ["align"], [align, align.sum()[None]]
+            total = self.lambda_align * align.sum()
+            if self.heads:
+                cls = torch.stack([F.cross_entropy(f(z), labels) for f, z in zip(self.heads, z_hat)])  # [K]
+                names += [f"d{d}/cls" for d in self.dims] + ["cls"]
+                values += [cls, cls.sum()[None]]
+                total = total + self.lambda_cls * cls.sum()
+        return LossOutput(total, dict(zip(names, torch.cat(values).detach().tolist())))
 
 # %% ../nbs/16_distill.ipynb #16c021
 def class_means(h: torch.Tensor, labels: torch.Tensor, n_classes: int) -> torch.Tensor:
@@ -171,7 +166,6 @@ def distill_data(cfg) -> TrainData:
 # %% ../nbs/16_distill.ipynb #16c033
 class DistillLoss(nn.Module):
     "distill_nc in the trainer: MatryoshkaDistill on the last pooled row of view a; target = (teacher [B, D_T], labels [B])."
-    single_view = True          # one encoder pass per batch: no second (dropout) view
     name = "distill_nc"
     def __init__(self, dims: Sequence[int], hidden_size: int, teacher_dim: int, n_classes: int | None = None,
                  lambda_align: float = 1.0, lambda_cls: float = 1.0):
@@ -187,6 +181,7 @@ class DistillLoss(nn.Module):
 class DistillNCMethod(Method):
     "Matryoshka distillation (matryoshka_neural_collapse.txt): every subnet, semi-orthogonally projected, against a fixed teacher; per-subnet heads."
     name, options = "distill_nc", DistillOptions
+    single_view = True               # one encoder pass per batch: no second (dropout) view
     def build(self, ctx, options):
         if ctx.data is None or not isinstance(ctx.data.target, tuple):
             raise ValueError("method distill_nc builds its loss from the training data (teacher embeddings and labels): "
@@ -219,44 +214,38 @@ class NC1Callback(Callback):
         keep = probe_indices(len(texts), self.max_probe, self.seed)
         return [texts[i] for i in keep], names[keep]
 
-# %% ../nbs/16_distill.ipynb #16c037
-def _nc1_before_fit(self, trainer) -> None:
-    if not trainer.dist.main:
-        return
-    cfg = trainer.config
-    self.probe = self.probe_set(cfg)
-    opts = distill_options(cfg)
-    teacher = teacher_embeddings(opts.teacher, self.probe[0], opts.teacher_layer, cfg.max_length)
-    trainer.log.log(trainer.step, f"nc1/teacher/d{teacher.shape[-1]}", nc1(teacher, self.probe[1]).item(), split="eval")
-    if trainer.step == 0:
-        self.measure(trainer)
+    def before_fit(self, trainer) -> None:
+        if not trainer.dist.main:
+            return
+        cfg = trainer.config
+        self.probe = self.probe_set(cfg)
+        opts = distill_options(cfg)
+        teacher = teacher_embeddings(opts.teacher, self.probe[0], opts.teacher_layer, cfg.max_length)
+        trainer.log.log(trainer.step, f"nc1/teacher/d{teacher.shape[-1]}", nc1(teacher, self.probe[1]).item(), split="eval")
+        if trainer.step == 0:
+            self.measure(trainer)
 
-def _nc1_measure(self, trainer) -> torch.Tensor:
-    "Log (and return) the student's NC1 grid [L+1, dims] on the probe at trainer.step; for a distillation loss also max |P P^T - I| per subnet."
-    from matryoshka_lab.core import parse_dims
-    cfg, enc = trainer.config, trainer.encoder
-    dims = parse_dims(cfg.eval_dims or list(cfg.dims), enc.hidden_size)
-    h = enc.encode(self.probe[0], max_length=cfg.max_length, layers="all", progress=False)   # [L+1, N, D]
-    grid = nc1_grid(h, self.probe[1], dims)
-    for layer, row in enumerate(grid.tolist()):
-        trainer.log.log_many(trainer.step, {f"nc1/L{layer}/d{d}": v for d, v in zip(dims, row)}, split="eval")
-    trainer.log.save_array("nc1", trainer.step, grid.numpy())
-    distill = getattr(trainer.loss_fn, "distill", None)
-    if distill is not None:                         # row-orthonormality of every projection, logged with NC1
-        with torch.no_grad():
-            trainer.log.log_many(trainer.step, {f"orth/d{d}": float((p.weight @ p.weight.T - torch.eye(d, device=p.weight.device)).abs().max())
-                                                for d, p in zip(distill.dims, distill.projections)}, split="eval")
-    return grid
+    def measure(self, trainer) -> torch.Tensor:
+        "Log (and return) the student's NC1 grid [L+1, dims] on the probe at trainer.step; for a distillation loss also max |P P^T - I| per subnet."
+        from matryoshka_lab.core import parse_dims
+        cfg, enc = trainer.config, trainer.encoder
+        dims = parse_dims(cfg.eval_dims or list(cfg.dims), enc.hidden_size)
+        h = enc.encode(self.probe[0], max_length=cfg.max_length, layers="all", progress=False)   # [L+1, N, D]
+        grid = nc1_grid(h, self.probe[1], dims)
+        for layer, row in enumerate(grid.tolist()):
+            trainer.log.log_many(trainer.step, {f"nc1/L{layer}/d{d}": v for d, v in zip(dims, row)}, split="eval")
+        trainer.log.save_array("nc1", trainer.step, grid.numpy())
+        distill = getattr(trainer.loss_fn, "distill", None)
+        if distill is not None:                         # row-orthonormality of every projection, logged with NC1
+            with torch.no_grad():
+                trainer.log.log_many(trainer.step, {f"orth/d{d}": float((p.weight @ p.weight.T - torch.eye(d, device=p.weight.device)).abs().max())
+                                                    for d, p in zip(distill.dims, distill.projections)}, split="eval")
+        return grid
 
-def _nc1_after_step(self, trainer) -> None:
-    if trainer.dist.main and self.every > 0 and trainer.step % self.every == 0 and trainer.step < trainer.config.max_steps:
-        self.measure(trainer)
+    def after_step(self, trainer) -> None:
+        if trainer.dist.main and self.every > 0 and trainer.step % self.every == 0 and trainer.step < trainer.config.max_steps:
+            self.measure(trainer)
 
-def _nc1_after_fit(self, trainer) -> None:
-    if trainer.dist.main:
-        self.measure(trainer)
-
-NC1Callback.before_fit = _nc1_before_fit
-NC1Callback.measure = _nc1_measure
-NC1Callback.after_step = _nc1_after_step
-NC1Callback.after_fit = _nc1_after_fit
+    def after_fit(self, trainer) -> None:
+        if trainer.dist.main:
+            self.measure(trainer)

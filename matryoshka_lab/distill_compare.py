@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .config import load_config, make_config
 from .distill import NC1Callback
 from .encoder import Encoder
 from .eval import evaluate
 from .runs import read_run
-from .trainer import CheckpointCallback, EvalCallback, Trainer, load_config, make_config
+from .trainer import CheckpointCallback, EvalCallback, Trainer
 
 # %% auto #0
 __all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'distill_summary']

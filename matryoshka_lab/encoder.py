@@ -140,8 +140,77 @@ class EncoderOutput:
     hidden: torch.Tensor | None = None         # [L', B, T, D] token states, when asked for
     attentions: tuple | None = None            # per transformer layer [B, H, T, T], when asked for
 
+# %% ../nbs/01_encoder.ipynb #01c023
+def _pad(rows: list[list[int]], pad_id: int, side: str) -> torch.Tensor:
+    "Pad token-id lists to one [B, T] tensor on `side` ('right' or 'left')."
+    T = max(len(r) for r in rows)
+    out = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            if side == "left":
+                out[i, T - len(r):] = torch.tensor(r)
+            else:
+                out[i, :len(r)] = torch.tensor(r)
+    return out
+
+# bench/encode.py: in bfloat16 on the CPU, PyTorch's SDPA kernel took a fifth of the pass and eager attention was 1.11x
+# faster end to end (in float32 the two tie), so a bf16 encode on the CPU runs the default SDPA as eager.
+BF16_CPU_ATTENTION = "eager"
+
+@contextlib.contextmanager
+def _attention(model: nn.Module, implementation: str | None):
+    "Run the block with the model's attention implementation switched from SDPA to `implementation` (None: unchanged)."
+    before = getattr(model.config, "_attn_implementation", None)
+    if implementation is None or before != "sdpa":
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+class _BatchedEncoding:
+    "Encoder's part that encodes a list of texts: tokenised once, length-sorted batches, no gradients."
+    def batches(self, texts: list[str], batch_size: int = 64, max_length: int | None = None):
+        "Yield (indices, batch) over `texts` tokenised once, sorted longest first, padded per batch to [B, T] tensors."
+        enc = self.tokenizer(texts, truncation=True, max_length=max_length or self.max_length, padding=False)
+        keys = [k for k in enc.keys() if k in self._accepted or k == "attention_mask"]
+        order = sorted(range(len(texts)), key=lambda i: -len(enc["input_ids"][i]))  # longest first: OOM shows at once
+        side, pad_id = self.tokenizer.padding_side, self.tokenizer.pad_token_id
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            yield idx, {k: _pad([enc[k][i] for i in idx], pad_id if k == "input_ids" else 0, side).to(self.device)
+                        for k in keys}
+
+    @torch.no_grad()
+    def encode(self, texts: list[str], batch_size: int = 64, max_length: int | None = None, layers="all",
+               pooling: str | None = None, progress: bool = True, desc: str = "encode",
+               precision: str | None = None) -> torch.Tensor:
+        "Pooled embeddings [L', N, D] (float32, CPU) of `texts` at hidden states `layers`, in input order; `precision` (default the encoder's) of the forward pass."
+        if isinstance(texts, str):
+            raise ValueError("texts must be a list of strings, not one string")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty: nothing to encode")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        layers = parse_layers(layers, self.num_layers)
+        was_training = self.training
+        self.eval()
+        out = torch.empty(len(layers), len(texts), self.hidden_size, dtype=torch.float32)
+        precision = resolve_precision(precision or self.precision, self.device)      # once: 'auto' says what it chose once
+        n_batches = -(-len(texts) // batch_size)
+        attention = BF16_CPU_ATTENTION if precision == "bf16" and self.device.type == "cpu" else None
+        with autocast(precision, self.device), _attention(self.model, attention):   # one context: each weight cast once
+            for idx, batch in tqdm(self.batches(texts, batch_size, max_length), total=n_batches, desc=desc,
+                                   disable=not progress, unit="batch"):
+                out[:, idx] = self.forward(layers=layers, pooling=pooling, **batch).pooled.float().cpu()
+        self.train(was_training)
+        return out
+
 # %% ../nbs/01_encoder.ipynb #01c017
-class Encoder(nn.Module):
+class Encoder(_BatchedEncoding, nn.Module):
     "Any HF encoder + tokenizer; one forward gives pooled embeddings of every layer."
     def __init__(self, model: nn.Module, tokenizer, pooling: str = "mean", max_length: int = 256,
                  precision: str | None = None):
@@ -180,113 +249,59 @@ class Encoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-# %% ../nbs/01_encoder.ipynb #01c019
-def _tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
-    "Tokenised batch of `texts` ([B, T] tensors) on the encoder's device, with only the inputs the model accepts."
-    if isinstance(texts, str):
-        raise ValueError("texts must be a list of strings, not one string")
-    batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length or self.max_length,
-                           return_tensors="pt")
-    return {k: v.to(self.device) for k, v in batch.items() if k in self._accepted}
+    def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        "Tokenised batch of `texts` ([B, T] tensors) on the encoder's device, with only the inputs the model accepts."
+        if isinstance(texts, str):
+            raise ValueError("texts must be a list of strings, not one string")
+        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length or self.max_length,
+                               return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items() if k in self._accepted}
 
-Encoder.tokenize = _tokenize
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers=None, tokens: bool = False,
+                attentions: bool = False, pooling: str | None = None, **inputs) -> EncoderOutput:
+        "One pass over a tokenised batch input_ids/attention_mask [B, T] -> EncoderOutput for `layers`."
+        layers = parse_layers(layers, self.num_layers)
+        inputs = {k: v for k, v in inputs.items() if k in self._accepted}
+        if attentions and getattr(self.model.config, "_attn_implementation", "eager") != "eager":
+            self.model.set_attn_implementation("eager")  # fused kernels return no attention maps; eager gives the same numbers
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                         output_attentions=attentions, return_dict=True, **inputs)
+        states = out.hidden_states
+        if len(states) != self.num_layers + 1:
+            raise RuntimeError(f"model returned {len(states)} hidden states, expected {self.num_layers + 1}")
+        how = pooling or self.pooling
+        with torch.autocast(input_ids.device.type, enabled=False):              # pooling sums in float32 under autocast too
+            if tokens:
+                hidden = torch.stack([states[i] for i in layers]).float()        # [L', B, T, D]
+                pooled = pool(hidden, attention_mask, how)                      # [L', B, D]
+            else:  # pool layer by layer: no copy of the token states (none at all in float32)
+                hidden = None
+                pooled = torch.cat([pool(states[i][None].float(), attention_mask, how) for i in layers])
+        return EncoderOutput(pooled=pooled, layers=layers, attention_mask=attention_mask, hidden=hidden,
+                             attentions=out.attentions if attentions else None)
 
-# %% ../nbs/01_encoder.ipynb #01c021
-def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers=None, tokens: bool = False,
-             attentions: bool = False, pooling: str | None = None, **inputs) -> EncoderOutput:
-    "One pass over a tokenised batch input_ids/attention_mask [B, T] -> EncoderOutput for `layers`."
-    layers = parse_layers(layers, self.num_layers)
-    inputs = {k: v for k, v in inputs.items() if k in self._accepted}
-    if attentions and getattr(self.model.config, "_attn_implementation", "eager") != "eager":
-        self.model.set_attn_implementation("eager")  # fused kernels return no attention maps; eager gives the same numbers
-    out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                     output_attentions=attentions, return_dict=True, **inputs)
-    states = out.hidden_states
-    if len(states) != self.num_layers + 1:
-        raise RuntimeError(f"model returned {len(states)} hidden states, expected {self.num_layers + 1}")
-    how = pooling or self.pooling
-    with torch.autocast(input_ids.device.type, enabled=False):              # pooling sums in float32 under autocast too
-        if tokens:
-            hidden = torch.stack([states[i] for i in layers]).float()        # [L', B, T, D]
-            pooled = pool(hidden, attention_mask, how)                      # [L', B, D]
-        else:  # pool layer by layer: no copy of the token states (none at all in float32)
-            hidden = None
-            pooled = torch.cat([pool(states[i][None].float(), attention_mask, how) for i in layers])
-    return EncoderOutput(pooled=pooled, layers=layers, attention_mask=attention_mask, hidden=hidden,
-                         attentions=out.attentions if attentions else None)
-
-Encoder.forward = _forward
-
-# %% ../nbs/01_encoder.ipynb #01c023
-def _pad(rows: list[list[int]], pad_id: int, side: str) -> torch.Tensor:
-    "Pad token-id lists to one [B, T] tensor on `side` ('right' or 'left')."
-    T = max(len(r) for r in rows)
-    out = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            if side == "left":
-                out[i, T - len(r):] = torch.tensor(r)
-            else:
-                out[i, :len(r)] = torch.tensor(r)
-    return out
-
-def _batches(self, texts: list[str], batch_size: int = 64, max_length: int | None = None):
-    "Yield (indices, batch) over `texts` tokenised once, sorted longest first, padded per batch to [B, T] tensors."
-    enc = self.tokenizer(texts, truncation=True, max_length=max_length or self.max_length, padding=False)
-    keys = [k for k in enc.keys() if k in self._accepted or k == "attention_mask"]
-    order = sorted(range(len(texts)), key=lambda i: -len(enc["input_ids"][i]))  # longest first: OOM shows at once
-    side, pad_id = self.tokenizer.padding_side, self.tokenizer.pad_token_id
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        yield idx, {k: _pad([enc[k][i] for i in idx], pad_id if k == "input_ids" else 0, side).to(self.device)
-                    for k in keys}
-
-Encoder.batches = _batches
-
-# bench/encode.py: in bfloat16 on the CPU, PyTorch's SDPA kernel took a fifth of the pass and eager attention was 1.11x
-# faster end to end (in float32 the two tie), so a bf16 encode on the CPU runs the default SDPA as eager.
-BF16_CPU_ATTENTION = "eager"
-
-@contextlib.contextmanager
-def _attention(model: nn.Module, implementation: str | None):
-    "Run the block with the model's attention implementation switched from SDPA to `implementation` (None: unchanged)."
-    before = getattr(model.config, "_attn_implementation", None)
-    if implementation is None or before != "sdpa":
-        yield
-        return
-    model.set_attn_implementation(implementation)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(before)
-
-@torch.no_grad()
-def _encode(self, texts: list[str], batch_size: int = 64, max_length: int | None = None, layers="all",
-            pooling: str | None = None, progress: bool = True, desc: str = "encode",
-            precision: str | None = None) -> torch.Tensor:
-    "Pooled embeddings [L', N, D] (float32, CPU) of `texts` at hidden states `layers`, in input order; `precision` (default the encoder's) of the forward pass."
-    if isinstance(texts, str):
-        raise ValueError("texts must be a list of strings, not one string")
-    texts = list(texts)
-    if not texts:
-        raise ValueError("texts is empty: nothing to encode")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    layers = parse_layers(layers, self.num_layers)
-    was_training = self.training
-    self.eval()
-    out = torch.empty(len(layers), len(texts), self.hidden_size, dtype=torch.float32)
-    precision = resolve_precision(precision or self.precision, self.device)      # once: 'auto' says what it chose once
-    n_batches = -(-len(texts) // batch_size)
-    attention = BF16_CPU_ATTENTION if precision == "bf16" and self.device.type == "cpu" else None
-    with autocast(precision, self.device), _attention(self.model, attention):   # one context: each weight cast once
-        for idx, batch in tqdm(self.batches(texts, batch_size, max_length), total=n_batches, desc=desc,
-                               disable=not progress, unit="batch"):
-            out[:, idx] = self.forward(layers=layers, pooling=pooling, **batch).pooled.float().cpu()
-    self.train(was_training)
-    return out
-
-Encoder.encode = _encode
+    def truncated(self, n: int) -> "Encoder":
+        "An Encoder over the first `n` transformer layers of this one (weights shared)."
+        if not 1 <= n <= self.num_layers:
+            raise ValueError(f"n must be in 1..{self.num_layers} (the model has {self.num_layers} layers), got {n}")
+        stack = _layer_stack(self.model, self.num_layers)
+        if stack is None:
+            warnings.warn(f"{type(self.model).__name__} has no single stack of {self.num_layers} layers; the truncated "
+                          "encoder runs the full model and keeps the first hidden states (same numbers, no speed-up)")
+            small = _HeadOfStack(self.model, n)
+        else:
+            shared = {id(t): t for t in list(self.model.parameters()) + list(self.model.buffers())}
+            small = copy.deepcopy(self.model, memo=shared)   # new module tree, same parameter tensors
+            parent_name, _, attr = stack.rpartition(".")
+            parent = small.get_submodule(parent_name) if parent_name else small
+            setattr(parent, attr, nn.ModuleList(list(getattr(parent, attr))[:n]))
+            small.config = copy.deepcopy(self.model.config)
+            small.config.num_hidden_layers = n
+            if hasattr(small.config, "layer_types") and small.config.layer_types is not None:
+                small.config.layer_types = small.config.layer_types[:n]
+        out = Encoder(small, self.tokenizer, self.pooling, self.max_length, self.precision)
+        out._accepted = self._accepted   # same inputs as the full model (the fallback's forward takes **kwargs)
+        return out
 
 # %% ../nbs/01_encoder.ipynb #01c025
 def _layer_stack(model: nn.Module, num_layers: int) -> str | None:
@@ -307,31 +322,6 @@ class _HeadOfStack(nn.Module):
         if out.attentions is not None:
             out.attentions = out.attentions[: self.n]
         return out
-
-def _truncated(self, n: int) -> "Encoder":
-    "An Encoder over the first `n` transformer layers of this one (weights shared)."
-    if not 1 <= n <= self.num_layers:
-        raise ValueError(f"n must be in 1..{self.num_layers} (the model has {self.num_layers} layers), got {n}")
-    stack = _layer_stack(self.model, self.num_layers)
-    if stack is None:
-        warnings.warn(f"{type(self.model).__name__} has no single stack of {self.num_layers} layers; the truncated "
-                      "encoder runs the full model and keeps the first hidden states (same numbers, no speed-up)")
-        small = _HeadOfStack(self.model, n)
-    else:
-        shared = {id(t): t for t in list(self.model.parameters()) + list(self.model.buffers())}
-        small = copy.deepcopy(self.model, memo=shared)   # new module tree, same parameter tensors
-        parent_name, _, attr = stack.rpartition(".")
-        parent = small.get_submodule(parent_name) if parent_name else small
-        setattr(parent, attr, nn.ModuleList(list(getattr(parent, attr))[:n]))
-        small.config = copy.deepcopy(self.model.config)
-        small.config.num_hidden_layers = n
-        if hasattr(small.config, "layer_types") and small.config.layer_types is not None:
-            small.config.layer_types = small.config.layer_types[:n]
-    out = Encoder(small, self.tokenizer, self.pooling, self.max_length, self.precision)
-    out._accepted = self._accepted   # same inputs as the full model (the fallback's forward takes **kwargs)
-    return out
-
-Encoder.truncated = _truncated
 
 # %% ../nbs/01_encoder.ipynb #01c035
 def reinit_top_layers(encoder: Encoder, n: int, seed: int = 0, std: float | None = None) -> Encoder:

@@ -14,19 +14,20 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .config import TrainConfig, config_changes, make_config
 from .core import provenance
 from .data import task_spec
+from .gradients import gradient_share, task_term
 from .encoder import Encoder
 from .eval import evaluate
 from .methods import get_method
-from .trainer import TrainConfig, Trainer, config_changes, load_encoder, make_config
+from .trainer import Trainer, load_encoder
 
 # %% auto #0
 __all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP',
            'MIPIC_SETTING_METHODS', 'EVERY_METHOD', 'SETTINGS', 'EVAL_TASKS', 'TASK_METRIC', 'baseline_config',
            'run_one', 'add_tasks', 'run_baselines', 'save_results', 'read_results', 'seed_stats', 'stats_table',
-           'delta_table', 'task_metric', 'paired_test', 'paired_table', 'task_term', 'task_share', 'plot_baselines',
-           'plot_by_dim']
+           'delta_table', 'task_metric', 'paired_test', 'paired_table', 'task_share', 'plot_baselines', 'plot_by_dim']
 
 # %% ../nbs/10_baselines.ipynb #10c006
 STS_TEST = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
@@ -266,32 +267,11 @@ def paired_table(summary: pd.DataFrame, methods, reference: str = "mrl", tasks=N
     return pd.DataFrame(rows).T.rename_axis(["method", "layer"])
 
 # %% ../nbs/10_baselines.ipynb #10c014e
-def task_term(method: str, loss, a, b, target=None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    "(the whole objective, its task part: the method's Method.task_loss) of `method`'s loss on views a, b (pooled [L+1, B, D] or EncoderOutputs), with the same draws."
-    task_loss, draws = get_method(method).task_loss, lambda: torch.Generator().manual_seed(seed)
-    return loss(a, b, target, generator=draws()).total, task_loss(loss, a, b, target, draws)
-
 def task_share(variant: str, setting: str, seed: int = 0, **overrides) -> dict:
-    "The task term's share of `variant`'s encoder gradient on the first batch of `seed` in `setting` (dropout on, as in training)."
+    "The task term's share of `variant`'s encoder gradient on the first batch of `seed` in `setting` (gradients.gradient_share)."
     with tempfile.TemporaryDirectory() as run_dir:          # nothing is written: no step is taken
-        tr = Trainer(baseline_config(variant, seed, run_dir, setting, **overrides), progress=False)
-    data, params = tr.data, [p for p in tr.encoder.parameters() if p.requires_grad]
-    idx = tr._batch(0)
-    texts_a = [data.text_a[i] for i in idx]
-    texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in idx]
-    target = None if data.target is None else torch.as_tensor(data.target[idx], device=tr.encoder.device)
-    tr.encoder.train()
-    a = tr._view(texts_a)
-    b = a if getattr(tr.loss_fn, "single_view", False) else tr._view(texts_b)
-    total, task = task_term(tr.config.method, tr.loss_fn, a, b, target, seed)
-    grad = lambda x: torch.cat([(g if g is not None else torch.zeros_like(p)).flatten().double() for g, p in
-                                zip(torch.autograd.grad(x, params, retain_graph=True, allow_unused=True), params)])
-    g_total, g_task = grad(total), grad(task)
-    n_task, n_rest = float(g_task.norm()), float((g_total - g_task).norm())
-    return {"variant": variant, "setting": setting, "seed": seed, "task": task.item(), "rest": (total - task).item(),
-            "grad_norm": float(g_total.norm()), "task_grad_norm": n_task, "rest_grad_norm": n_rest,
-            "task_share": n_task / (n_task + n_rest),
-            "cos_task_total": float(g_task @ g_total / (g_task.norm() * g_total.norm()).clamp_min(1e-300))}
+        cfg = baseline_config(variant, seed, run_dir, setting, **overrides)
+        return {"variant": variant, "setting": setting, "seed": seed, **gradient_share(cfg)}
 
 # %% ../nbs/10_baselines.ipynb #10c016
 def plot_baselines(stats: pd.DataFrame, dims: tuple | None = None, title: str = "mean Spearman x100 over seeds", methods=None):

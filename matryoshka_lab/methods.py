@@ -36,6 +36,11 @@ class TrainData:
 
     def __len__(self): return len(self.text_a)
 
+    def texts(self, idx) -> tuple[list[str], list[str]]:
+        "The two sides' texts of examples idx (SimCSE: the first texts twice, two dropout views of them)."
+        a = [self.text_a[i] for i in idx]
+        return a, (a if self.text_b is None else [self.text_b[i] for i in idx])
+
     def rows(self, idx) -> np.ndarray | tuple | None:
         "The target rows idx, in the target's own structure (None, an array or a tuple of arrays)."
         if self.target is None:
@@ -75,6 +80,8 @@ class Method:
     name: str = ""
     options: Callable | None = None    # None: the method takes no options
     context: tuple = ("objective", "dims")   # the LossContext fields the default build passes to options
+    needs_tokens: bool = False   # the loss takes each view's EncoderOutput with every layer's token states, not pooled [L+1, B, D]
+    single_view: bool = False    # one encoder pass per batch (b is a), not one per side
 
     def option_names(self) -> tuple[str, ...]:
         "The keys `loss_options` may hold for this method."

@@ -177,10 +177,56 @@ def mic_layers(num_layers: int, preset: str = "auto") -> tuple[int, ...]:
         raise ValueError(f"layer preset {preset!r} {layers} needs at least {layers[-1]} layers, the model has {num_layers}")
     return layers
 
+# %% ../nbs/12_mic.ipynb #12c036
+class _AlignedStates:
+    "MIC's aligned hidden states and prefix sizes: checked at construction, their rows picked out of an EncoderOutput."
+    def _check_layers(self, layers) -> tuple[int, ...]:
+        "layers as sorted hidden-state indices: a preset name or None (mic_layers) or a list of ints in 0..num_layers."
+        if layers is None or isinstance(layers, str):
+            return mic_layers(self.num_layers, layers or "auto")
+        layers = [layers] if isinstance(layers, int) else list(layers)
+        if not layers:
+            raise ValueError("layers is empty: give at least one hidden-state index, a preset name or None")
+        for layer in layers:
+            if int(layer) != layer or not 0 <= layer <= self.num_layers:
+                raise ValueError(f"layer {layer} is out of range 0..{self.num_layers} (hidden-state indices, 0 = embeddings)")
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"layers must be distinct, got {layers}")
+        return tuple(sorted(int(layer) for layer in layers))
+
+    def _check_align_dims(self, align_dims) -> tuple[int, ...]:
+        "The prefix sizes SCR and SIR regularise: each below hidden_size (the residual must not be empty)."
+        if align_dims is None:
+            align_dims = tuple(d for d in self.dims if d < self.hidden_size)
+            if not align_dims and self.gamma > 0:
+                raise ValueError(f"MIC regularises prefixes smaller than the hidden size {self.hidden_size}; "
+                                 f"dims {self.dims} have none (give smaller dims or align_dims)")
+            return align_dims
+        align_dims = _check_dims(align_dims)
+        if align_dims[-1] >= self.hidden_size:
+            raise ValueError(f"align_dims must be below the hidden size {self.hidden_size} (the residual must not be empty), "
+                             f"got {align_dims[-1]}")
+        return align_dims
+
+    def _rows(self, out: EncoderOutput) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        "The token states [L', B, T, D] (and, for pooling='model', pooled [L', B, D]) of the aligned layers in out."
+        missing = [layer for layer in self.layers if layer not in out.layers]
+        if missing:
+            raise ValueError(f"MIC aligns hidden states {list(self.layers)}, but the encoder output has {list(out.layers)} "
+                             f"(missing {missing})")
+        rows = torch.tensor([out.layers.index(layer) for layer in self.layers], device=out.pooled.device)
+        needs_hidden = self.use_scr or self.pooling == "mean"
+        if needs_hidden and out.hidden is None:
+            raise ValueError("MIC needs token states: run the encoder with tokens=True")
+        if needs_hidden and out.hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"token states have {out.hidden.shape[-1]} features, MIC was built for hidden size {self.hidden_size}")
+        hidden = out.hidden.index_select(0, rows.to(out.hidden.device)) if needs_hidden else None
+        pooled = out.pooled.index_select(0, rows) if self.pooling == "model" else None
+        return hidden, pooled
+
 # %% ../nbs/12_mic.ipynb #12c035
-class MIC(nn.Module):
+class MIC(_AlignedStates, nn.Module):
     "MIC loss (mic.txt Sec. 2): MRL on the last layer + gamma * the mean of SCR + SIR over aligned layers and dims."
-    needs_tokens = True                              # the trainer passes EncoderOutputs with token states
     name = "mic"
 
     def __init__(self, objective, dims, hidden_size: int, num_layers: int,
@@ -223,90 +269,41 @@ class MIC(nn.Module):
         self.lambda_var, self.tau_corr, self.t, self.eps = lambda_var, tau_corr, t, eps
         self.use_scr, self.use_sir, self.views, self.pooling = use_scr, use_sir, views, pooling
 
-# %% ../nbs/12_mic.ipynb #12c036
-def _check_layers(self, layers) -> tuple[int, ...]:
-    "layers as sorted hidden-state indices: a preset name or None (mic_layers) or a list of ints in 0..num_layers."
-    if layers is None or isinstance(layers, str):
-        return mic_layers(self.num_layers, layers or "auto")
-    layers = [layers] if isinstance(layers, int) else list(layers)
-    if not layers:
-        raise ValueError("layers is empty: give at least one hidden-state index, a preset name or None")
-    for layer in layers:
-        if int(layer) != layer or not 0 <= layer <= self.num_layers:
-            raise ValueError(f"layer {layer} is out of range 0..{self.num_layers} (hidden-state indices, 0 = embeddings)")
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"layers must be distinct, got {layers}")
-    return tuple(sorted(int(layer) for layer in layers))
+    def forward(self, out_a: EncoderOutput, out_b: EncoderOutput, target=None, generator=None) -> LossOutput:
+        "L_total = L_MRL + gamma * L_align (mic.txt Sec. 2) from the EncoderOutputs of the two views of one batch."
+        if out_a.layers[-1] != self.num_layers:
+            raise ValueError(f"the last row of pooled must be the last hidden state {self.num_layers} (L_MRL), "
+                             f"got layers {list(out_a.layers)}")
+        mrl = self.mrl(out_a.pooled[-1], out_b.pooled[-1], target, generator)
+        parts = {"mrl": mrl.total.item(), **{f"mrl/{k}": v for k, v in mrl.parts.items()}}
+        if self.gamma == 0:                              # plain MRL: the regularisers are not even computed
+            return LossOutput(mrl.total, parts)
+        results = []
+        for out in (out_a,) if self.views == "first" else (out_a, out_b):
+            hidden, pooled = self._rows(out)
+            results.append(mic_align(hidden, out.attention_mask, self.align_dims, self.tau_corr, self.lambda_var, self.t,
+                                     self.eps, self.use_scr, self.use_sir, pooled))
+        align = sum(r[0] for r in results) / len(results)
+        terms = {k: (sum(r[1][k] for r in results) / len(results)).detach() for k in results[0][1]}
+        parts["align"] = align.item()
+        parts.update({f"align/{k}": v.mean().item() for k, v in terms.items() if k not in ("scr", "sir")})
+        for k in ("scr", "sir"):
+            if k in terms:
+                for layer, row in zip(self.layers, terms[k].tolist()):
+                    parts.update({f"L{layer}/d{d}/{k}": v for d, v in zip(self.align_dims, row)})
+        return LossOutput(mrl.total + self.gamma * align, parts)
 
-def _check_align_dims(self, align_dims) -> tuple[int, ...]:
-    "The prefix sizes SCR and SIR regularise: each below hidden_size (the residual must not be empty)."
-    if align_dims is None:
-        align_dims = tuple(d for d in self.dims if d < self.hidden_size)
-        if not align_dims and self.gamma > 0:
-            raise ValueError(f"MIC regularises prefixes smaller than the hidden size {self.hidden_size}; "
-                             f"dims {self.dims} have none (give smaller dims or align_dims)")
-        return align_dims
-    align_dims = _check_dims(align_dims)
-    if align_dims[-1] >= self.hidden_size:
-        raise ValueError(f"align_dims must be below the hidden size {self.hidden_size} (the residual must not be empty), "
-                         f"got {align_dims[-1]}")
-    return align_dims
-
-MIC._check_layers, MIC._check_align_dims = _check_layers, _check_align_dims
-
-# %% ../nbs/12_mic.ipynb #12c038
-def _rows(self, out: EncoderOutput) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    "The token states [L', B, T, D] (and, for pooling='model', pooled [L', B, D]) of the aligned layers in out."
-    missing = [layer for layer in self.layers if layer not in out.layers]
-    if missing:
-        raise ValueError(f"MIC aligns hidden states {list(self.layers)}, but the encoder output has {list(out.layers)} "
-                         f"(missing {missing})")
-    rows = torch.tensor([out.layers.index(layer) for layer in self.layers], device=out.pooled.device)
-    needs_hidden = self.use_scr or self.pooling == "mean"
-    if needs_hidden and out.hidden is None:
-        raise ValueError("MIC needs token states: run the encoder with tokens=True")
-    if needs_hidden and out.hidden.shape[-1] != self.hidden_size:
-        raise ValueError(f"token states have {out.hidden.shape[-1]} features, MIC was built for hidden size {self.hidden_size}")
-    hidden = out.hidden.index_select(0, rows.to(out.hidden.device)) if needs_hidden else None
-    pooled = out.pooled.index_select(0, rows) if self.pooling == "model" else None
-    return hidden, pooled
-
-def _forward(self, out_a: EncoderOutput, out_b: EncoderOutput, target=None, generator=None) -> LossOutput:
-    "L_total = L_MRL + gamma * L_align (mic.txt Sec. 2) from the EncoderOutputs of the two views of one batch."
-    if out_a.layers[-1] != self.num_layers:
-        raise ValueError(f"the last row of pooled must be the last hidden state {self.num_layers} (L_MRL), "
-                         f"got layers {list(out_a.layers)}")
-    mrl = self.mrl(out_a.pooled[-1], out_b.pooled[-1], target, generator)
-    parts = {"mrl": mrl.total.item(), **{f"mrl/{k}": v for k, v in mrl.parts.items()}}
-    if self.gamma == 0:                              # plain MRL: the regularisers are not even computed
-        return LossOutput(mrl.total, parts)
-    results = []
-    for out in (out_a,) if self.views == "first" else (out_a, out_b):
-        hidden, pooled = self._rows(out)
-        results.append(mic_align(hidden, out.attention_mask, self.align_dims, self.tau_corr, self.lambda_var, self.t,
-                                 self.eps, self.use_scr, self.use_sir, pooled))
-    align = sum(r[0] for r in results) / len(results)
-    terms = {k: (sum(r[1][k] for r in results) / len(results)).detach() for k in results[0][1]}
-    parts["align"] = align.item()
-    parts.update({f"align/{k}": v.mean().item() for k, v in terms.items() if k not in ("scr", "sir")})
-    for k in ("scr", "sir"):
-        if k in terms:
-            for layer, row in zip(self.layers, terms[k].tolist()):
-                parts.update({f"L{layer}/d{d}/{k}": v for d, v in zip(self.align_dims, row)})
-    return LossOutput(mrl.total + self.gamma * align, parts)
-
-def _extra_repr(self) -> str:
-    return (f"dims={self.dims}, layers={self.layers}, align_dims={self.align_dims}, gamma={self.gamma}, "
-            f"lambda_var={self.lambda_var}, tau_corr={self.tau_corr}, use_scr={self.use_scr}, use_sir={self.use_sir}, "
-            f"views={self.views!r}, pooling={self.pooling!r}")
-
-MIC._rows, MIC.forward, MIC.extra_repr = _rows, _forward, _extra_repr
+    def extra_repr(self) -> str:
+        return (f"dims={self.dims}, layers={self.layers}, align_dims={self.align_dims}, gamma={self.gamma}, "
+                f"lambda_var={self.lambda_var}, tau_corr={self.tau_corr}, use_scr={self.use_scr}, use_sir={self.use_sir}, "
+                f"views={self.views!r}, pooling={self.pooling!r}")
 
 # %% ../nbs/12_mic.ipynb #12c042b
 @register
 class MICMethod(Method):
     "MIC (mic.txt Eq. 11): MRL + gamma (SCR + SIR) on the token states of the aligned layers."
     name, options = "mic", MIC
+    needs_tokens = True              # the loss takes EncoderOutputs with token states
     context = ("objective", "dims", "hidden_size", "num_layers")
     def task_loss(self, loss, a, b, target, draws):
         return loss.mrl(a.pooled[-1], b.pooled[-1], target, draws()).total

@@ -255,10 +255,58 @@ def _resolve_checkpoints(num_layers, hidden_size, dims, layers, checkpoints, pre
         return mipic_checkpoints(num_layers, hidden_size, preset)
     return _check_checkpoints(mrl_checkpoints(num_layers, dims), num_layers, hidden_size)
 
+# %% ../nbs/11_mipic.ipynb #11c034
+def _tokens(out: EncoderOutput) -> torch.Tensor:
+    if out.hidden is None:
+        raise ValueError("MIPIC needs token states: run the encoder with tokens=True (EncoderOutput.hidden is None)")
+    return out.hidden
+
+def _row(out: EncoderOutput, layer: int) -> int:
+    if layer not in out.layers:
+        raise ValueError(f"MIPIC needs hidden state {layer}; the encoder output has {list(out.layers)} "
+                         "(run the encoder with layers='all')")
+    return out.layers.index(layer)
+
+def _layer_states(out: EncoderOutput, layers: Sequence[int]) -> torch.Tensor:
+    "Token states [L', B, T, D] of the hidden states `layers` (a view when they are consecutive rows)."
+    rows = [_row(out, layer) for layer in layers]
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return _tokens(out)[rows[0]: rows[-1] + 1]
+    return _tokens(out)[rows]
+
+class _SelfDistillation:
+    "MIPIC's self-distillation terms of one view: L_SIA + L_PIC from its token states, with named parts."
+    def self_distillation(self, out: EncoderOutput) -> LossOutput:
+        "L_SIA + L_PIC (Eq. 14 + Eq. 17) of one view's EncoderOutput, with named parts."
+        names, values, total = [], [], 0.0
+        with torch.autocast(out.pooled.device.type, enabled=False):
+            if self.use_sia:
+                h = _layer_states(out, self.layers).float()                                  # [L, B, T, D]
+                grids = sia_terms(h, out.attention_mask, self.sia_dims, self.gammas,
+                                  list(self.projections) if self.use_att else None, self.att_tau, self.k_min,
+                                  self.topk, self.use_cka, self.detach_teacher, self.detach_att_teacher,
+                                  self.anchor)                                                 # att, cka: [L, K] or None
+                sia = 0.0
+                for name, grid in zip(("att", "cka"), grids):
+                    if grid is not None:
+                        names += [f"L{layer}/d{d}/{name}" for layer in self.layers for d in self.sia_dims] + [f"sia/{name}"]
+                        values += [grid.flatten(), grid.sum()[None]]
+                        sia = sia + grid.sum()
+                names.append("sia"); values.append(sia[None])
+                total = total + sia
+            if self.use_pic:
+                states = anchor_states(_tokens(out), out.attention_mask) if self.anchor == "cls" else out.pooled
+                z = [states[_row(out, layer), :, :d].float() for layer, d in self.pic_checkpoints]   # [B, d_i] each
+                chain = pic_terms(z, self.projectors, self.tau, self.detach_pic_target)        # [n-1]
+                names += [f"pic/L{a}d{x}>L{b}d{y}" for (a, x), (b, y) in pairwise(self.pic_checkpoints)] + ["pic"]
+                values += [chain, chain.sum()[None]]
+                total = total + chain.sum()
+        parts = dict(zip(names, torch.cat(values).detach().float().tolist()))              # one device-to-host copy
+        return LossOutput(total, parts)
+
 # %% ../nbs/11_mipic.ipynb #11c032
-class MIPIC(nn.Module):
+class MIPIC(_SelfDistillation, nn.Module):
     "MIPIC, Eq. 18: alpha * L_MRL + (1 - alpha) * (L_SIA + L_PIC); owns SIA's projections P_i and PIC's projectors phi_i."
-    needs_tokens = True                         # the trainer passes EncoderOutputs with every layer's token states
     name = "mipic"
     def __init__(self, objective: Callable, dims: Sequence[int], hidden_size: int, num_layers: int,
                  layers: Sequence[int] | None = None,   # SIA layer set L, hidden-state indices (default: checkpoint layers)
@@ -336,77 +384,28 @@ class MIPIC(nn.Module):
                 f"alpha={self.alpha}, tau={self.tau}, gammas={self.gammas}, sia={self.use_sia} (att={self.use_att}, "
                 f"cka={self.use_cka}, topk={self.topk}), pic={self.use_pic}, views={self.views!r}")
 
-# %% ../nbs/11_mipic.ipynb #11c034
-def _tokens(out: EncoderOutput) -> torch.Tensor:
-    if out.hidden is None:
-        raise ValueError("MIPIC needs token states: run the encoder with tokens=True (EncoderOutput.hidden is None)")
-    return out.hidden
-
-def _row(out: EncoderOutput, layer: int) -> int:
-    if layer not in out.layers:
-        raise ValueError(f"MIPIC needs hidden state {layer}; the encoder output has {list(out.layers)} "
-                         "(run the encoder with layers='all')")
-    return out.layers.index(layer)
-
-def _layer_states(out: EncoderOutput, layers: Sequence[int]) -> torch.Tensor:
-    "Token states [L', B, T, D] of the hidden states `layers` (a view when they are consecutive rows)."
-    rows = [_row(out, layer) for layer in layers]
-    if rows == list(range(rows[0], rows[0] + len(rows))):
-        return _tokens(out)[rows[0]: rows[-1] + 1]
-    return _tokens(out)[rows]
-
-def _self_distillation(self, out: EncoderOutput) -> LossOutput:
-    "L_SIA + L_PIC (Eq. 14 + Eq. 17) of one view's EncoderOutput, with named parts."
-    names, values, total = [], [], 0.0
-    with torch.autocast(out.pooled.device.type, enabled=False):
-        if self.use_sia:
-            h = _layer_states(out, self.layers).float()                                  # [L, B, T, D]
-            grids = sia_terms(h, out.attention_mask, self.sia_dims, self.gammas,
-                              list(self.projections) if self.use_att else None, self.att_tau, self.k_min,
-                              self.topk, self.use_cka, self.detach_teacher, self.detach_att_teacher,
-                              self.anchor)                                                 # att, cka: [L, K] or None
-            sia = 0.0
-            for name, grid in zip(("att", "cka"), grids):
-                if grid is not None:
-                    names += [f"L{layer}/d{d}/{name}" for layer in self.layers for d in self.sia_dims] + [f"sia/{name}"]
-                    values += [grid.flatten(), grid.sum()[None]]
-                    sia = sia + grid.sum()
-            names.append("sia"); values.append(sia[None])
-            total = total + sia
-        if self.use_pic:
-            states = anchor_states(_tokens(out), out.attention_mask) if self.anchor == "cls" else out.pooled
-            z = [states[_row(out, layer), :, :d].float() for layer, d in self.pic_checkpoints]   # [B, d_i] each
-            chain = pic_terms(z, self.projectors, self.tau, self.detach_pic_target)        # [n-1]
-            names += [f"pic/L{a}d{x}>L{b}d{y}" for (a, x), (b, y) in pairwise(self.pic_checkpoints)] + ["pic"]
-            values += [chain, chain.sum()[None]]
-            total = total + chain.sum()
-    parts = dict(zip(names, torch.cat(values).detach().float().tolist()))              # one device-to-host copy
-    return LossOutput(total, parts)
-
-def _forward(self, out_a: EncoderOutput, out_b: EncoderOutput, target=None, generator=None) -> LossOutput:
-    "Eq. 18 for the two dropout views out_a, out_b of a batch (every hidden state, with token states)."
-    for out in (out_a, out_b):
-        if out.layers[-1] != self.num_layers:
-            raise ValueError(f"the last pooled row must be hidden state {self.num_layers} (the last layer), got "
-                             f"{out.layers[-1]}; run the encoder with layers='all'")
-    mrl = self.mrl(out_a.pooled[-1], out_b.pooled[-1], target, generator)
-    parts = {f"mrl/{k}": v for k, v in mrl.parts.items()}
-    parts["mrl"] = mrl.total.item()
-    total = self.alpha * mrl.total
-    if self.alpha < 1 and (self.use_sia or self.use_pic):
-        reg = [self.self_distillation(out) for out in ((out_a,) if self.views == "a" else (out_a, out_b))]
-        total = total + (1 - self.alpha) * sum(r.total for r in reg) / len(reg)
-        parts.update({k: sum(r.parts[k] for r in reg) / len(reg) for k in reg[0].parts})
-    return LossOutput(total, parts)
-
-MIPIC.self_distillation = _self_distillation
-MIPIC.forward = _forward
+    def forward(self, out_a: EncoderOutput, out_b: EncoderOutput, target=None, generator=None) -> LossOutput:
+        "Eq. 18 for the two dropout views out_a, out_b of a batch (every hidden state, with token states)."
+        for out in (out_a, out_b):
+            if out.layers[-1] != self.num_layers:
+                raise ValueError(f"the last pooled row must be hidden state {self.num_layers} (the last layer), got "
+                                 f"{out.layers[-1]}; run the encoder with layers='all'")
+        mrl = self.mrl(out_a.pooled[-1], out_b.pooled[-1], target, generator)
+        parts = {f"mrl/{k}": v for k, v in mrl.parts.items()}
+        parts["mrl"] = mrl.total.item()
+        total = self.alpha * mrl.total
+        if self.alpha < 1 and (self.use_sia or self.use_pic):
+            reg = [self.self_distillation(out) for out in ((out_a,) if self.views == "a" else (out_a, out_b))]
+            total = total + (1 - self.alpha) * sum(r.total for r in reg) / len(reg)
+            parts.update({k: sum(r.parts[k] for r in reg) / len(reg) for k in reg[0].parts})
+        return LossOutput(total, parts)
 
 # %% ../nbs/11_mipic.ipynb #11c038b
 @register
 class MIPICMethod(Method):
     "MIPIC (mipic.txt Eq. 18): alpha MRL + (1 - alpha)(SIA + PIC) on the token states of every layer."
     name, options = "mipic", MIPIC
+    needs_tokens = True              # the loss takes EncoderOutputs with every layer's token states
     context = ("objective", "dims", "hidden_size", "num_layers")
     def build(self, ctx, options):
         if ctx.pooling is not None:        # the model's own pooling: its [CLS] only when CLS-pooled

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .encoder import Encoder, EncoderOutput
+from .config import make_config
+from .encoder import Encoder
 from .fractal import _contrastive_levels, _new_head, fractal_config, fractal_step, positive_rows, supervision
-from .methods import TrainData
-from .trainer import make_config, make_loss
+from .methods import TrainData, get_method
+from .trainer import make_loss, method_views
 
 # %% auto #0
 __all__ = ['ST_POOLING', 'st_parts', 'target_layout', 'pack_target', 'unpack_labels', 'st_dataset', 'MatryoshkaLabLoss',
@@ -111,22 +112,12 @@ class MatryoshkaLabLoss(nn.Module):
         hf, _, pooling = st_parts(getattr(self.model, "module", self.model))   # unwrapped from DistributedDataParallel
         return Encoder(hf, self.tokenizer, pooling=pooling)
 
-    def view(self, encoder: Encoder, features: dict):
-        "One text column's pooled states of every layer [L+1, B, D] (token losses: an EncoderOutput with the token states)."
-        inputs = {k: v for k, v in features.items() if isinstance(v, torch.Tensor)}
-        if not getattr(self._loss_fn, "needs_tokens", False):
-            return encoder(**inputs).pooled.float()
-        out = encoder(**inputs, tokens=True)
-        return EncoderOutput(pooled=out.pooled.float(), layers=out.layers, attention_mask=out.attention_mask,
-                             hidden=out.hidden.float())
-
     def forward(self, sentence_features, labels: torch.Tensor | None = None) -> torch.Tensor:
         features = list(sentence_features)
         if len(features) not in (1, 2):
             raise ValueError(f"MatryoshkaLabLoss takes one text column (SimCSE views) or two (pairs), got {len(features)}")
         encoder = self.encoder()
-        a = self.view(encoder, features[0])
-        b = a if getattr(self._loss_fn, "single_view", False) else self.view(encoder, features[-1])
+        a, b = method_views(get_method(self.config.method), encoder, features[0], features[-1])   # as our trainer encodes
         target = unpack_labels(labels, self.layout)
         if isinstance(target, torch.Tensor):
             target = target.to(encoder.device)

@@ -6,17 +6,14 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import numbers
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,177 +21,20 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from .checkpoint import export_model, load_checkpoint, resume_checkpoint, save_checkpoint
+from .config import TrainConfig, config_changes, load_config, make_config
 from .core import parse_dims, resolve_data_dir, resolve_device, seed_everything
 from .data import PairData, STSData, load_task
+from .distributed import Dist, init_distributed
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import get_objective
-from .methods import (DEFAULT_METHOD, Callback, CancelFit, LossContext, TrainData, get_method,
-                                    migrate_legacy)
+from .methods import Callback, CancelFit, LossContext, TrainData, get_method
 from .runs import RunInUse, RunLock, RunLog, read_run, run_holder
 
 # %% auto #0
-__all__ = ['PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'objective_data', 'training_data',
-           'load_encoder', 'make_loss', 'Dist', 'init_distributed', 'save_checkpoint', 'latest_checkpoint',
-           'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'export_model', 'preflight', 'EvalCallback',
-           'CheckpointCallback', 'Trainer', 'config_changes', 'check_run_dir', 'Launched', 'launch']
-
-# %% ../nbs/08_trainer.ipynb #08c006a
-def _number(name: str, value, whole: bool):
-    "value as an int (whole) or a float; a numeric string ('1e3') is read as a number; anything else is refused."
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):   # numpy numbers too
-        raise ValueError(f"{name} must be a {'whole ' if whole else ''}number, got {value!r}")
-    if whole and value != int(value):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    return int(value) if whole else float(value)
-
-def _typed(name: str, kind: str, value):
-    "A config field's value checked (and, where lossless, converted) against its annotation `kind`."
-    if value is None and kind.endswith("| None"):
-        return None
-    base = kind.split(" |")[0]
-    if base in ("int", "float"):
-        return _number(name, value, whole=base == "int")
-    if base == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}")
-        return value
-    if base == "str":                          # eval_layers: 99 or [0, 3] are written as '99', '0,3'
-        whole = lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
-        if isinstance(value, (list, tuple)) and value and all(whole(v) for v in value):
-            return ",".join(map(str, value))
-        if isinstance(value, os.PathLike) or whole(value):
-            return str(value)
-        if not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, got {value!r}")
-        return value
-    if base == "tuple":
-        items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
-        if isinstance(items, (dict, bytes)) or not hasattr(items, "__iter__"):   # a list, tuple or array
-            raise ValueError(f"{name} must be a list, got {value!r}")
-        return tuple(_number(f"each of {name}", v, whole=True) for v in items) if name == "dims" else tuple(map(str, items))
-    return value
-
-# %% ../nbs/08_trainer.ipynb #08c006
-PAIR_OBJECTIVES = ("infonce", "cosent", "angle", "angle_term")
-
-@dataclass(frozen=True)
-class TrainConfig:
-    "Everything a run needs; saved as config.json in its run directory."
-    model: str = "embedded"                   # embedded, a model folder, a run directory or a Hub id
-    data_dir: str | None = None               # default: $MATRYOSHKA_LAB_DATA (the trainer records the directory it used)
-    run_dir: str = "runs/mrl"                 # where config.json, metrics.jsonl, checkpoints/ and model/ go
-    method: str = DEFAULT_METHOD              # a registered method (methods.method_names()) or 'package.module:Attribute'
-    loss_options: dict = field(default_factory=dict)   # the method's own options (Method.option_names())
-    objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
-    train_task: str = "wiki_sents"            # any task; simcse uses its texts, pair objectives its (train) pairs
-    dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims, smallest first; 2DMSE draws d from those below D
-    max_steps: int = 200
-    batch_size: int = 32
-    grad_accum: int = 1                       # micro-batches per optimizer step
-    lr: float = 3e-5
-    loss_lr: float | None = None              # lr of a loss's own parameters (MIPIC's P_i, phi_i; distill_nc's projections); None: lr (configs/mipic.yaml: 1e-2, 10_baselines)
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1                 # share of max_steps with a linear warm-up
-    schedule: str = "linear"                  # linear, cosine or constant after warm-up
-    grad_clip: float = 1.0                    # max gradient norm (0: off)
-    max_length: int = 32                      # tokens per text: short sentences keep CPU steps fast
-    pooling: str | None = None                # default: the model's own (mean for the embedded model)
-    reinit_layers: int = 0                    # cold start: re-draw the top N transformer layers (seeded by seed; 01_encoder)
-    temperature: float = 0.05                 # InfoNCE / SimCSE tau (scale 1/tau)
-    min_pair_score: float = 4.0               # infonce on scored pairs: pairs at or above this are positives
-    seed: int = 0
-    log_every: int = 1
-    checkpoint_every: int = 50                # steps between checkpoints (0: only at the end)
-    keep_checkpoints: int = 2                 # newest checkpoints kept (0: all); 2 leaves one to fall back on
-    eval_every: int = 0                       # steps between evaluations (0: only at the end; -1: never)
-    eval_tasks: tuple = ("stsb_dev",)            # evaluated every eval_every steps and at the end
-    eval_layers: str = "all"
-    eval_dims: str | None = None              # default: dims
-    diagnostics_every: int = -1               # -1: off; 0: budget mode (<= 5% of training time); N: every N steps
-    device: str | None = None                 # default: CUDA when present
-    amp: bool = True                          # mixed precision on CUDA (ignored on CPU)
-
-    def __post_init__(self):
-        for f in fields(self):                # types first: 1.5 steps or a list for a number are refused, not coerced
-            object.__setattr__(self, f.name, _typed(f.name, f.type, getattr(self, f.name)))
-        dims = self.dims
-        checks = [(self.objective in ("simcse",) + PAIR_OBJECTIVES,
-                   f"objective must be simcse or one of {PAIR_OBJECTIVES}, got {self.objective!r}"),
-                  (self.schedule in ("linear", "cosine", "constant"),
-                   f"schedule must be linear, cosine or constant, got {self.schedule!r}"),
-                  (len(dims) >= 1 and min(dims) >= 1, f"dims must be positive prefix sizes, got {list(dims)}"),
-                  (list(dims) == sorted(set(dims)),
-                   f"dims must be increasing, without repeats, got {list(dims)}: list them smallest first "
-                   "(per-dim options such as loss_options.weights follow that order)"),
-                  (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
-                  (self.batch_size >= 2, f"batch_size must be at least 2 (in-batch negatives), got {self.batch_size}"),
-                  (self.grad_accum >= 1, f"grad_accum must be at least 1, got {self.grad_accum}"),
-                  (self.lr > 0, f"lr must be positive, got {self.lr}"),
-                  (self.loss_lr is None or self.loss_lr > 0, f"loss_lr must be positive, got {self.loss_lr}"),
-                  (self.weight_decay >= 0, f"weight_decay must be 0 or more, got {self.weight_decay}"),
-                  (0 <= self.warmup_ratio < 1, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"),
-                  (self.grad_clip >= 0, f"grad_clip must be 0 (off) or more, got {self.grad_clip}"),
-                  (self.max_length >= 2, f"max_length must be at least 2 tokens (with the special tokens), got {self.max_length}"),
-                  (self.temperature > 0, f"temperature must be positive, got {self.temperature}"),
-                  (self.reinit_layers >= 0, f"reinit_layers must be 0 or more, got {self.reinit_layers}"),
-                  (self.log_every >= 1, f"log_every must be at least 1, got {self.log_every}"),
-                  (self.checkpoint_every >= 0, f"checkpoint_every must be 0 (only at the end) or more, got {self.checkpoint_every}"),
-                  (self.keep_checkpoints >= 0, f"keep_checkpoints must be 0 (all) or more, got {self.keep_checkpoints}"),
-                  (self.eval_every >= -1, f"eval_every must be -1 (never), 0 (at the end) or more, got {self.eval_every}"),
-                  (len(self.eval_tasks) >= 1 or self.eval_every == -1, "eval_tasks is empty: name a task, or eval_every=-1"),
-                  (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
-                                                 f"number of steps, got {self.diagnostics_every}")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        get_method(self.method).check_options(self.loss_options)   # an unknown method or option: one clear error
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-# %% ../nbs/08_trainer.ipynb #08c008
-def _yaml(text: str, what: str):
-    "text parsed as YAML, or a ValueError naming `what` and where the YAML is broken."
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{what} is not valid YAML: {' '.join(str(err).split())}") from None
-
-def make_config(values: dict | None = None, overrides: list[str] | tuple = ()) -> TrainConfig:
-    "A TrainConfig from a dict of fields and 'key=value' overrides ('loss_options.KEY=value' sets one option)."
-    values = dict(values or {})
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value")
-        key, raw = (x.strip() for x in item.split("=", 1))
-        value = _yaml(raw, f"the value of override {item!r}")
-        if key.startswith("loss_options."):
-            options = values.get("loss_options") or {}
-            values["loss_options"] = {**(options if isinstance(options, dict) else {}), key.split(".", 1)[1]: value}
-        else:
-            values[key] = value
-    values = migrate_legacy(values, warn=True)   # the six option keys that used to be top-level (07a_methods)
-    known = {f.name for f in fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                         f"known keys: {', '.join(sorted(known))}")
-    return TrainConfig(**values)
-
-def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainConfig:
-    "A TrainConfig from a YAML file plus 'key=value' overrides."
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist")
-    values = _yaml(path.read_text(encoding="utf-8"), f"config file {str(path)!r}") or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values")
-    return make_config(values, overrides)
+__all__ = ['objective_data', 'training_data', 'load_encoder', 'make_loss', 'method_view', 'method_views', 'batch_target',
+           'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes', 'add_callbacks',
+           'make_optimizer', 'Trainer', 'check_run_dir', 'Launched', 'launch']
 
 # %% ../nbs/08_trainer.ipynb #08c011
 def objective_data(cfg: TrainConfig) -> TrainData:
@@ -238,220 +78,30 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
     ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)
     return method.build(ctx, method.check_options(cfg.loss_options))
 
-# %% ../nbs/08_trainer.ipynb #08c012b
-class _GatherWithGrad(torch.autograd.Function):
-    "all_gather along `dim`; the backward sums what every process computed for this process's slice."
-    @staticmethod
-    def forward(ctx, x, dim, rank, world):
-        ctx.dim, ctx.rank, ctx.world = dim, rank, world
-        parts = [torch.empty_like(x) for _ in range(world)]
-        torch.distributed.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim)
+# %% ../nbs/08_trainer.ipynb #08c012y
+def method_view(method, encoder: Encoder, side, max_length: int = 32, dist: Dist = Dist()):
+    "One side of a batch (texts, or tokenizer tensors) encoded as `method`'s loss takes it, gathered over processes."
+    inputs = (encoder.tokenize(list(side), max_length) if isinstance(side, (list, tuple))
+              else {k: v for k, v in side.items() if isinstance(v, torch.Tensor)})
+    if not method.needs_tokens:                       # pooled [L+1, B, D]
+        return dist.gather(encoder(**inputs).pooled.float())
+    out = encoder(**inputs, tokens=True)              # an EncoderOutput with every layer's token states
+    return EncoderOutput(pooled=dist.gather(out.pooled.float()), layers=out.layers,
+                         attention_mask=dist.gather_padded(out.attention_mask, 0, 1),
+                         hidden=dist.gather_padded(out.hidden.float(), 1, 2))
 
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        torch.distributed.all_reduce(grad)
-        return grad.chunk(ctx.world, ctx.dim)[ctx.rank], None, None, None
+def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dist = Dist()):
+    "The views (a, b) of one batch for `method`'s loss: each side encoded once (method_view); one pass when method.single_view."
+    va = method_view(method, encoder, a, max_length, dist)
+    return va, va if method.single_view else method_view(method, encoder, b, max_length, dist)
 
-@dataclass(frozen=True)
-class Dist:
-    "This process's place in a torch.distributed job (rank 0 of 1 without one); every method is a no-op for one process."
-    rank: int = 0
-    world: int = 1
-    device: str = "cpu"
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def shard(self, idx: list) -> list:
-        "This process's contiguous share of a global batch."
-        per = len(idx) // self.world
-        return idx[self.rank * per:(self.rank + 1) * per]
-
-    def gather(self, x: torch.Tensor, dim: int = -2) -> torch.Tensor:
-        "Every process's x concatenated along dim in rank order, with gradients flowing back to each process."
-        return x if self.world == 1 else _GatherWithGrad.apply(x, dim % x.dim(), self.rank, self.world)
-
-    def gather_padded(self, x: torch.Tensor, batch_dim: int, pad_dim: int) -> torch.Tensor:
-        "gather along batch_dim after zero-padding pad_dim (the token axis) to the longest of any process."
-        if self.world == 1:
-            return x
-        n = torch.tensor([x.shape[pad_dim]], device=self.device)
-        torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MAX)
-        pad = [0, 0] * (x.dim() - 1 - pad_dim % x.dim()) + [0, int(n.item()) - x.shape[pad_dim]]
-        return self.gather(torch.nn.functional.pad(x, pad), batch_dim)
-
-    def average_grads(self, params) -> None:
-        "Average parameter gradients over processes in one flat all-reduce."
-        if self.world == 1:
-            return
-        grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    def broadcast(self, tensors) -> None:
-        "Overwrite tensors in place with rank 0's values (a loss's own parameters are drawn from each process's seed)."
-        if self.world == 1:
-            return
-        for t in tensors:
-            torch.distributed.broadcast(t.data, src=0)
-
-    def all_gather_object(self, obj) -> list:
-        if self.world == 1:
-            return [obj]
-        out = [None] * self.world
-        torch.distributed.all_gather_object(out, obj)
-        return out
-
-    def any(self, flag: bool) -> bool:
-        "True on every process when flag is True on any of them."
-        if self.world == 1:
-            return bool(flag)
-        t = torch.tensor([int(flag)], device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item())
-
-def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
-    "Join the job torchrun describes (WORLD_SIZE > 1 in the environment), or stay a single process."
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Dist(), device
-    import torch.distributed as dist
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size(), str(device)), device
-
-# %% ../nbs/08_trainer.ipynb #08c014
-def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> dict:
-    state = {"torch": torch.get_rng_state(), "loss": loss_gen.get_state()}
-    if torch_states is not None and len(torch_states) > 1:
-        state["torch_ranks"] = list(torch_states)   # every process's own dropout generator
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2,
-                    torch_states: list | None = None, loss_module: torch.nn.Module | None = None) -> Path:
-    "Write checkpoints/step_XXXXXXX atomically, with a manifest of its files' hashes; keep only the newest `keep`."
-    root = Path(run_dir) / "checkpoints"
-    final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        export_model(encoder, tmp / "model")
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng": _rng_state(loss_gen, torch_states),
-                    "loss": loss_module.state_dict() if loss_module is not None else {}}, tmp / "state.pt")
-        files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        (tmp / "manifest.json").write_text(json.dumps({p.relative_to(tmp).as_posix(): _sha256(p) for p in files}, indent=1))
-    except OSError as err:   # a full disk: no half-written folder, the previous checkpoints untouched
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(err.errno, f"writing checkpoint step {step} in {str(root)!r} failed ({err.strerror or err}); "
-                                 "the earlier checkpoints are untouched") from err
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    "The newest complete checkpoint of a run, if any (complete: renamed into place; verified only when loaded)."
-    done = [p for p in sorted((Path(run_dir) / "checkpoints").glob("step_*")) if (p / "state.pt").is_file()]
-    return done[-1] if done else None
-
-# %% ../nbs/08_trainer.ipynb #08c014b
-def read_checkpoint(path: Path, device="cpu") -> tuple[dict, dict]:
-    "A checkpoint's model weights and state, verified against its manifest and read whole; ValueError naming what is wrong."
-    path = Path(path)
-    try:
-        manifest = path / "manifest.json"
-        if manifest.is_file():   # (checkpoints written before manifests were added are only read whole)
-            for name, digest in json.loads(manifest.read_text()).items():
-                if not (path / name).is_file() or _sha256(path / name) != digest:
-                    raise ValueError(f"{name} does not match its manifest")
-        from safetensors.torch import load_file
-        weights = load_file(str(path / "model" / "model.safetensors"), device=str(device))
-        state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    except Exception as err:   # truncated or garbled files raise many kinds of errors
-        raise ValueError(f"checkpoint {path.name} is unreadable ({type(err).__name__}: {err})".replace("\n", " ")) from err
-    return weights, state
-
-def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen, dist: Dist = Dist(),
-                    loss_module: torch.nn.Module | None = None) -> int:
-    "Restore weights, optimizer, scheduler and RNG states from a verified checkpoint (nothing is touched if it is not); its step."
-    weights, state = read_checkpoint(path, encoder.device)
-    missing, unexpected = encoder.model.load_state_dict(weights, strict=False)
-    if unexpected or [k for k in missing if "position_ids" not in k]:
-        raise ValueError(f"checkpoint {str(path)!r} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if loss_module is not None:
-        loss_module.load_state_dict(state.get("loss", {}))
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
-    if len(ranks) == dist.world:
-        torch.set_rng_state(ranks[dist.rank])
-    else:
-        torch.manual_seed(int(state["step"]) * 1000 + dist.rank)
-        if dist.main:
-            warnings.warn(f"checkpoint {path.name} was written by {len(ranks)} process(es), resumed by {dist.world}: "
-                          "batches and loss draws continue exactly, dropout draws differ from an uninterrupted run")
-    loss_gen.set_state(state["rng"]["loss"])
-    if "cuda" in state["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return int(state["step"])
-
-def resume_checkpoint(run_dir: str | Path, main: bool = True) -> Path | None:
-    "The newest checkpoint that verifies; newer ones that do not are moved aside (by the main process) with a warning line."
-    root = Path(run_dir) / "checkpoints"
-    for path in sorted(root.glob("step_*"), reverse=True):
-        if not (path / "state.pt").is_file():
-            continue
-        try:
-            read_checkpoint(path)
-            return path
-        except ValueError as err:
-            if main:
-                aside = root / f"corrupt_{path.name}"
-                shutil.rmtree(aside, ignore_errors=True)
-                os.replace(path, aside)
-                print(f"warning: {err}; moved aside to {aside.name}, trying the one before it", file=sys.stderr, flush=True)
-    return None
-
-# %% ../nbs/08_trainer.ipynb #08c016
-def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None) -> Path:
-    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder."
-    enc = encoder.truncated(n_layers) if n_layers is not None else encoder
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    enc.model.save_pretrained(path, safe_serialization=True)
-    enc.tokenizer.save_pretrained(path)
-    (path / "1_Pooling").mkdir(exist_ok=True)
-    modes = {f"pooling_mode_{m}": enc.pooling == p for m, p in
-             (("cls_token", "cls"), ("mean_tokens", "mean"), ("lasttoken", "last"))}
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": enc.hidden_size,
-                                                                "pooling_mode_max_tokens": False,
-                                                                "pooling_mode_mean_sqrt_len_tokens": False, **modes}, indent=1))
-    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": enc.max_length, "do_lower_case": False}))
-    (path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}], indent=1))
-    return path
+def batch_target(rows, device) -> torch.Tensor | tuple | None:
+    "A batch's target rows (TrainData.rows: None, an array or a tuple of arrays) as tensors on device."
+    if rows is None:
+        return None
+    if isinstance(rows, tuple):
+        return tuple(torch.as_tensor(r, device=device) for r in rows)
+    return torch.as_tensor(rows, device=device)
 
 # %% ../nbs/08_trainer.ipynb #08c018
 def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> list:
@@ -539,15 +189,54 @@ def _diverged(trainer, gave_loss: bool) -> str:
             f"with other settings (a lower lr, say), start a new run from its weights: --set model={ckpts[-1] / 'model'} "
             "--set run_dir=NEW_DIR (the optimizer and schedule start afresh); or check the data.")
 
+def default_callbacks(cfg: TrainConfig, eval_tasks: list | None = None) -> list:
+    "The callbacks every run of cfg gets: checkpoints, evaluation (eval_every >= 0), the method's own, diagnostics (diagnostics_every >= 0)."
+    cbs = [CheckpointCallback(cfg.checkpoint_every, cfg.keep_checkpoints)]
+    if cfg.eval_every >= 0:
+        cbs.append(EvalCallback(cfg.eval_every, eval_tasks))
+    cbs += get_method(cfg.method).callbacks(cfg)   # a method's own (distill_nc: NC1 on a probe, 16_distill)
+    if cfg.diagnostics_every >= 0:                 # geometry of a fixed probe, within a time budget at 0 (18_diagnostics)
+        from matryoshka_lab.diagnostics import DiagnosticsCallback
+        cbs.append(DiagnosticsCallback(cfg.diagnostics_every))
+    return cbs
+
+def callback_classes(drop) -> tuple:
+    "drop as a tuple of Callback classes, or a TypeError."
+    drop = tuple(drop)
+    if not all(isinstance(d, type) and issubclass(d, Callback) for d in drop):
+        raise TypeError(f"drop takes Callback classes (e.g. EvalCallback; Callback: all defaults), got {drop!r}")
+    return drop
+
+def add_callbacks(defaults: list, callbacks=(), drop=()) -> list:
+    "defaults without those of a class in drop or of a class that callbacks has, then callbacks; sorted by order."
+    drop, given = callback_classes(drop), {type(c) for c in callbacks}
+    kept = [c for c in defaults if not isinstance(c, drop) and type(c) not in given]
+    return sorted(kept + list(callbacks), key=lambda c: c.order)
+
 # %% ../nbs/08_trainer.ipynb #08c020
+def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module | None = None):
+    "AdamW (a loss's own parameters at cfg.loss_lr; no decay on those flagged no_weight_decay) and its warm-up schedule."
+    own = {id(p) for p in loss_module.parameters()} if loss_module is not None else set()
+    groups = {}                          # (lr, no weight decay) -> parameters
+    for p in params:
+        lr = cfg.loss_lr if id(p) in own and cfg.loss_lr is not None else cfg.lr
+        groups.setdefault((lr, getattr(p, "no_weight_decay", False)), []).append(p)
+    optimizer = torch.optim.AdamW([{"params": ps, "lr": lr, **({"weight_decay": 0.0} if no_decay else {})}
+                                   for (lr, no_decay), ps in groups.items()], weight_decay=cfg.weight_decay)
+    from transformers import get_scheduler
+    name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[cfg.schedule]
+    return optimizer, get_scheduler(name, optimizer, num_warmup_steps=int(cfg.warmup_ratio * cfg.max_steps),
+                                    num_training_steps=cfg.max_steps)
+
 class Trainer:
     "Train `encoder` (default: cfg.model) with the loss of cfg.method on cfg.train_task, writing cfg.run_dir."
     def __init__(self, config: TrainConfig, encoder: Encoder | None = None, data: TrainData | None = None,
-                 callbacks: list | None = None, progress: bool = True):
+                 callbacks=(), drop=(), progress: bool = True):
+        "callbacks are added to default_callbacks(config) (replacing a default of the same class); drop: default classes left out."
         data_dir = resolve_data_dir(config.data_dir)   # the directory actually used (also from $MATRYOSHKA_LAB_DATA) is recorded
         if data_dir is not None and config.data_dir != str(data_dir):
             config = dataclasses.replace(config, data_dir=str(data_dir))
-        self.config, self.progress = config, progress
+        self.config, self.progress, self.method = config, progress, get_method(config.method)
         self.dist, device = init_distributed(resolve_device(config.device))
         if config.batch_size % self.dist.world:
             raise ValueError(f"batch_size {config.batch_size} (the global batch) must be divisible by the "
@@ -556,8 +245,8 @@ class Trainer:
         self.encoder = encoder or load_encoder(config)
         self.encoder.to(device)
         self.data = data or training_data(config)
-        # before step 1, not at the first evaluation; with callbacks of the caller's, an EvalCallback loads its own tasks
-        eval_tasks = preflight(config, self.encoder, evaluation=callbacks is None)
+        drop = callback_classes(drop)
+        eval_tasks = preflight(config, self.encoder, evaluation=not issubclass(EvalCallback, drop))   # before step 1
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
         self.loss_module = self.loss_fn.to(device) if isinstance(self.loss_fn, torch.nn.Module) else None
@@ -565,32 +254,15 @@ class Trainer:
             self.dist.broadcast(list(self.loss_module.parameters()) + list(self.loss_module.buffers()))
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
-        own = {id(p) for p in self.loss_module.parameters()} if self.loss_module else set()
-        groups = {}                          # (lr, no weight decay: flagged no_weight_decay) -> parameters
-        for p in self.params:
-            lr = config.loss_lr if id(p) in own and config.loss_lr is not None else config.lr
-            groups.setdefault((lr, getattr(p, "no_weight_decay", False)), []).append(p)
-        self.optimizer = torch.optim.AdamW([{"params": ps, "lr": lr, **({"weight_decay": 0.0} if no_decay else {})}
-                                            for (lr, no_decay), ps in groups.items()], weight_decay=config.weight_decay)
-        from transformers import get_scheduler
-        name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[config.schedule]
-        self.scheduler = get_scheduler(name, self.optimizer, num_warmup_steps=int(config.warmup_ratio * config.max_steps),
-                                       num_training_steps=config.max_steps)
-        default_cbs = [CheckpointCallback(config.checkpoint_every, config.keep_checkpoints)]
-        if config.eval_every >= 0:
-            default_cbs.append(EvalCallback(config.eval_every, eval_tasks))
-        default_cbs += get_method(config.method).callbacks(config)   # a method's own (distill_nc: NC1 on a probe, 16_distill)
-        if config.diagnostics_every >= 0:   # geometry of a fixed probe, within a time budget at 0 (18_diagnostics)
-            from matryoshka_lab.diagnostics import DiagnosticsCallback
-            default_cbs.append(DiagnosticsCallback(config.diagnostics_every))
-        self.callbacks = sorted(default_cbs if callbacks is None else callbacks, key=lambda c: c.order)
+        self.optimizer, self.scheduler = make_optimizer(config, self.params, self.loss_module)
+        self.callbacks = add_callbacks(default_callbacks(config, eval_tasks), callbacks, drop)
         self.step, self.out, self.log, self.bar = 0, None, None, None
 
     def _fire(self, event: str) -> None:
         for cb in self.callbacks:
             getattr(cb, event)(self)
 
-    def _batch(self, micro: int) -> list[int]:
+    def batch_indices(self, micro: int) -> list[int]:
         "Indices of micro-batch number `micro` (counting from the start of training): epoch e is a permutation from seed + e."
         cfg, n = self.config, len(self.data)
         per_epoch = n // cfg.batch_size
@@ -598,71 +270,94 @@ class Trainer:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + epoch))
         return order[pos * cfg.batch_size:(pos + 1) * cfg.batch_size].tolist()
 
-# %% ../nbs/08_trainer.ipynb #08c022
-def _view(self, texts: list[str]):
-    "Encode this process's texts; pooled [L+1, B, D] gathered over processes, or the whole EncoderOutput for token losses."
-    enc, dist = self.encoder, self.dist
-    if not getattr(self.loss_fn, "needs_tokens", False):
-        return dist.gather(enc(**enc.tokenize(texts, self.config.max_length)).pooled.float())
-    out = enc(**enc.tokenize(texts, self.config.max_length), tokens=True)
-    return EncoderOutput(pooled=dist.gather(out.pooled.float()), layers=out.layers,
-                         attention_mask=dist.gather_padded(out.attention_mask, 0, 1),
-                         hidden=dist.gather_padded(out.hidden.float(), 1, 2))
+    def train_step(self) -> dict:
+        "One optimizer step over cfg.grad_accum micro-batches; the logged values (loss, its parts, grad_norm, lr)."
+        cfg, enc = self.config, self.encoder
+        use_amp = cfg.amp and enc.device.type == "cuda"
+        self.optimizer.zero_grad(set_to_none=True)
+        parts, total = {}, 0.0
+        for m in range(cfg.grad_accum):
+            idx = self.batch_indices((self.step - 1) * cfg.grad_accum + m)     # the global micro-batch
+            target = batch_target(self.data.rows(idx), enc.device)            # the whole batch's: scores, or a method's arrays
+            with torch.autocast(enc.device.type, enabled=use_amp):
+                a, b = method_views(self.method, enc, *self.data.texts(self.dist.shard(idx)), cfg.max_length, self.dist)
+                self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
+            self._fire("after_loss")
+            if not torch.isfinite(self.out.total):
+                bad = {k: v for k, v in self.out.parts.items() if not math.isfinite(v)}
+                raise FloatingPointError(f"loss is {self.out.total.item()} at step {self.step} (non-finite parts: {bad or 'none'}). "
+                                         + _diverged(self, gave_loss=True))
+            (self.out.total / cfg.grad_accum).backward()
+            total += self.out.total.item() / cfg.grad_accum
+            for k, v in self.out.parts.items():
+                parts[k] = parts.get(k, 0.0) + v / cfg.grad_accum
+        self.dist.average_grads(self.params)
+        self._fire("after_backward")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"loss": total, **parts, "grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
 
-def _train_step(self) -> dict:
-    cfg, enc, data = self.config, self.encoder, self.data
-    use_amp = cfg.amp and enc.device.type == "cuda"
-    self.optimizer.zero_grad(set_to_none=True)
-    parts, total = {}, 0.0
-    for m in range(cfg.grad_accum):
-        idx = self._batch((self.step - 1) * cfg.grad_accum + m)          # the global micro-batch
-        mine = self.dist.shard(idx)
-        texts_a = [data.text_a[i] for i in mine]
-        texts_b = texts_a if data.text_b is None else [data.text_b[i] for i in mine]
-        rows = data.rows(idx)                                 # the batch's targets: scores, or a method's own arrays
-        target = (tuple(torch.as_tensor(r, device=enc.device) for r in rows) if isinstance(rows, tuple)
-                  else None if rows is None else torch.as_tensor(rows, device=enc.device))
-        with torch.autocast(enc.device.type, enabled=use_amp):
-            a = self._view(texts_a)                           # [L+1, B, D] (token losses: EncoderOutput)
-            b = a if getattr(self.loss_fn, "single_view", False) else self._view(texts_b)
-            self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
-        self._fire("after_loss")
-        if not torch.isfinite(self.out.total):
-            bad = {k: v for k, v in self.out.parts.items() if not math.isfinite(v)}
-            raise FloatingPointError(f"loss is {self.out.total.item()} at step {self.step} (non-finite parts: {bad or 'none'}). "
-                                     + _diverged(self, gave_loss=True))
-        (self.out.total / cfg.grad_accum).backward()
-        total += self.out.total.item() / cfg.grad_accum
-        for k, v in self.out.parts.items():
-            parts[k] = parts.get(k, 0.0) + v / cfg.grad_accum
-    self.dist.average_grads(self.params)
-    self._fire("after_backward")
-    norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-    self.optimizer.step()
-    self.scheduler.step()
-    return {"loss": total, **parts, "grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
+    def fit(self) -> "Trainer":
+        "Train to cfg.max_steps as the run directory's one writer, resuming from its newest intact checkpoint when there is one."
+        cfg, main = self.config, self.dist.main
+        run_dir, lock, refused = Path(cfg.run_dir), RunLock(cfg.run_dir), None
+        if main:
+            try:
+                lock.acquire()
+                check_run_dir(run_dir, cfg)
+            except (ValueError, OSError) as err:
+                lock.release()
+                refused = err
+        if self.dist.any(refused is not None):   # every process stops when the main one may not write
+            raise refused or ValueError(f"run directory {str(run_dir)!r} refused by the main process")
+        try:
+            ckpt = resume_checkpoint(run_dir, main)
+            if ckpt is not None:
+                self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
+                                            self.loss_module)
+            # one writer; records after the step it starts from belong to an attempt that died, and are written again
+            self.log = RunLog(run_dir, config=cfg.to_dict(), keep_until=self.step) if main else None
+            self._loop()
+            if main:
+                export_model(self.encoder, run_dir / "model")
+        finally:
+            if self.log is not None:
+                self.log.close()
+            lock.release()
+        self.encoder.eval()
+        return self
 
-Trainer._view = _view
-Trainer.train_step = _train_step
+    def _loop(self) -> None:
+        "The steps from self.step + 1 to cfg.max_steps between before_fit and after_fit, with a progress bar."
+        cfg, main = self.config, self.dist.main
+        self.encoder.train()
+        if self.loss_module is not None:
+            self.loss_module.train()
+        self._fire("before_fit")
+        self.bar = bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
+                              disable=not (self.progress and main))
+        try:
+            while self.step < cfg.max_steps:
+                self.step += 1
+                try:
+                    self._fire("before_step")
+                    values = self.train_step()
+                    if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
+                        self.log.log_many(self.step, values)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{values['loss']:.4f}")
+                    self._fire("after_step")
+                    stop = False
+                except CancelFit:
+                    stop = True
+                if self.dist.any(stop):   # a cancel on any process stops all of them at the same step
+                    break
+        finally:
+            bar.close()
+        self._fire("after_fit")
 
 # %% ../nbs/08_trainer.ipynb #08c023
-RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
-
-def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
-    "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."
-    path = Path(run_dir) / "config.json"
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{str(path)!r} is unreadable ({err}): the run directory's config is unknown; use another run_dir") from None
-    try:                                    # a config.json written before methods owned their options (07a_methods)
-        saved = migrate_legacy(saved)
-    except ValueError:
-        pass                                # left as saved: the legacy key shows as a change
-    current = json.loads(json.dumps(cfg.to_dict(), default=str))
-    return sorted(k for k in saved if k not in allowed and saved[k] != current.get(k))
-
 def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
     "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, or records without a config."
     path = Path(run_dir)
@@ -676,68 +371,6 @@ def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
     if not (path / "config.json").is_file() and (records or any((path / "checkpoints").glob("step_*"))):
         raise ValueError(f"run directory {str(path)!r} holds records (metrics.jsonl or checkpoints/) but no config.json: "
                          "it cannot be told apart from another run; use another run_dir")
-
-# %% ../nbs/08_trainer.ipynb #08c023b
-def _fit(self) -> "Trainer":
-    "Train to cfg.max_steps as the run directory's one writer, resuming from its newest intact checkpoint when there is one."
-    cfg, main = self.config, self.dist.main
-    run_dir, lock, refused = Path(cfg.run_dir), RunLock(cfg.run_dir), None
-    if main:
-        try:
-            lock.acquire()
-            check_run_dir(run_dir, cfg)
-        except (ValueError, OSError) as err:
-            lock.release()
-            refused = err
-    if self.dist.any(refused is not None):   # every process stops when the main one may not write
-        raise refused or ValueError(f"run directory {str(run_dir)!r} refused by the main process")
-    try:
-        ckpt = resume_checkpoint(run_dir, main)
-        if ckpt is not None:
-            self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
-                                        self.loss_module)
-        # one writer; records after the step it starts from belong to an attempt that died, and are written again
-        self.log = RunLog(run_dir, config=cfg.to_dict(), keep_until=self.step) if main else None
-        self._loop()
-        if main:
-            export_model(self.encoder, run_dir / "model")
-    finally:
-        if self.log is not None:
-            self.log.close()
-        lock.release()
-    self.encoder.eval()
-    return self
-
-def _loop(self) -> None:
-    "The steps from self.step + 1 to cfg.max_steps between before_fit and after_fit, with a progress bar."
-    cfg, main = self.config, self.dist.main
-    self.encoder.train()
-    if self.loss_module is not None:
-        self.loss_module.train()
-    self._fire("before_fit")
-    self.bar = bar = tqdm(total=cfg.max_steps, initial=self.step, desc=f"train {cfg.method}", unit="step",
-                          disable=not (self.progress and main))
-    try:
-        while self.step < cfg.max_steps:
-            self.step += 1
-            try:
-                self._fire("before_step")
-                values = self.train_step()
-                if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
-                    self.log.log_many(self.step, values)
-                bar.update(1)
-                bar.set_postfix(loss=f"{values['loss']:.4f}")
-                self._fire("after_step")
-                stop = False
-            except CancelFit:
-                stop = True
-            if self.dist.any(stop):   # a cancel on any process stops all of them at the same step
-                break
-    finally:
-        bar.close()
-    self._fire("after_fit")
-
-Trainer.fit, Trainer._loop = _fit, _loop
 
 # %% ../nbs/08_trainer.ipynb #08c027
 @dataclass

@@ -593,7 +593,8 @@ def tutorial_module(folder: Path) -> str:
 def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeypatch):
     "The tutorial's method, trained next to MRL and 2DMSE (a tiny model, 2 steps), in the compare tab: chosen by clicking, its grid values shown."
     browser_or_skip()
-    from matryoshka_lab.trainer import Trainer, make_config
+    from matryoshka_lab.config import make_config
+    from matryoshka_lab.trainer import Trainer
     monkeypatch.syspath_prepend(str(tmp_path))
     method = tutorial_module(tmp_path)
     runs, common = tmp_path / "runs", {"model": str(tiny_model_dir), "objective": "angle", "train_task": "builtin_sts",

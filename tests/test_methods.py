@@ -53,3 +53,35 @@ def test_every_builtin_is_registered_by_the_module_that_defines_it():
     for name, module in BUILTIN.items():
         method = get_method(name)
         assert (method.name, type(method).__module__) == (name, module)
+
+
+def test_fractal_config_protocol_label_means_its_values():
+    "FractalConfig(protocol=P) carries P's options (PROTOCOLS is their only source); an option given stays given."
+    from matryoshka_lab.fractal import PROTOCOLS, FractalConfig, fractal_config, protocol_overrides
+    for name, options in PROTOCOLS.items():
+        cfg = FractalConfig(protocol=name)
+        assert {k: getattr(cfg, k) for k in options} == options and cfg == fractal_config(name)
+        assert protocol_overrides(cfg) == {}
+    mixed = FractalConfig(protocol="paper-text", schedule="constant")
+    assert (mixed.schedule, mixed.body, protocol_overrides(mixed)) == ("constant", "linear", {"schedule": "constant"})
+
+
+def test_every_method_is_encoded_as_it_declares_and_gradient_share_works_for_each(tiny_encoder, tmp_path):
+    "One batch function for the trainer, the adapter and gradient_share: token states, one view, tuple targets (distill_nc)."
+    import math
+    import numpy as np
+    from matryoshka_lab.config import make_config
+    from matryoshka_lab.gradients import gradient_share
+    from matryoshka_lab.methods import TrainData, method_names
+    rng = np.random.default_rng(0)
+    texts = [f"request number {i} about topic {i % 4}" for i in range(16)]
+    own = {"distill_nc": (rng.normal(size=(16, 48)).astype(np.float32), np.arange(16) % 4)}   # teacher [N, 48], labels
+    options = {"ese": {"compression_size": 8}}             # below the tiny model's 32 features
+    for name in method_names():
+        data = TrainData(texts, target=own.get(name))
+        cfg = make_config({"run_dir": str(tmp_path / name), "method": name, "batch_size": 8, "max_length": 16,
+                           "dims": [8, 16, 32], "loss_options": options.get(name, {})})
+        share = gradient_share(cfg, encoder=tiny_encoder("bert"), data=data)
+        assert 0 < share["task_share"] <= 1 and math.isfinite(share["grad_norm"]) and share["grad_norm"] > 0, (name, share)
+        if name in ("base", "mrl", "distill_nc"):          # their whole objective is the task (Method.task_loss)
+            assert abs(share["task_share"] - 1) < 1e-9 and share["rest"] == 0, (name, share)

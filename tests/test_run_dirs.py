@@ -16,9 +16,11 @@ import torch
 
 from conftest import ROOT
 from matryoshka_lab import cli
+from matryoshka_lab.checkpoint import latest_checkpoint, resume_checkpoint
+from matryoshka_lab.config import make_config
+from matryoshka_lab.methods import Callback, TrainData
 from matryoshka_lab.runs import RunInUse, parse_record, read_run, run_holder
-from matryoshka_lab.trainer import (Callback, CheckpointCallback, Trainer, TrainData, latest_checkpoint, launch,
-                                    make_config, resume_checkpoint)
+from matryoshka_lab.trainer import CheckpointCallback, Trainer, launch
 
 MRL = ROOT / "configs" / "mrl.yaml"
 
@@ -224,7 +226,7 @@ def test_a_malformed_yaml_file_is_one_error_line(tmp_path):
 
 def test_max_steps_in_exponent_notation_is_a_number():
     "YAML reads 1e3 as a string; the config holds the number 1000."
-    from matryoshka_lab.trainer import load_config
+    from matryoshka_lab.config import load_config
     assert load_config(MRL, ["max_steps=1e3"]).max_steps == 1000
 
 

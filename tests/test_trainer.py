@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from conftest import ROOT
+from matryoshka_lab.checkpoint import latest_checkpoint
+from matryoshka_lab.config import config_changes, load_config, make_config
+from matryoshka_lab.methods import CancelFit, Callback, TrainData
 from matryoshka_lab.runs import read_run
-from matryoshka_lab.trainer import (CancelFit, Callback, CheckpointCallback, Trainer, TrainData, config_changes,
-                                    latest_checkpoint, load_config, make_config)
+from matryoshka_lab.trainer import CheckpointCallback, Trainer
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -230,7 +232,7 @@ class RecomputeDistill(Callback):
     def __init__(self):
         self.gaps = []
     def after_loss(self, trainer):
-        idx = trainer._batch(trainer.step - 1)
+        idx = trainer.batch_indices(trainer.step - 1)
         data, enc = trainer.data, trainer.encoder
         with torch.no_grad():   # the tiny models have no dropout: the forward is deterministic
             student = enc(**enc.tokenize([data.text_a[i] for i in idx], trainer.config.max_length)).pooled[-1]
@@ -306,3 +308,31 @@ def test_mipic_anchor_follows_the_models_pooling():
     assert make_loss(cfg, 384, 6, pooling="mean").anchor == "pooled"
     assert make_loss(cfg, 384, 6, pooling="cls").anchor == "cls"
     assert make_loss(make_config({"method": "mipic", "loss_options": {"anchor": "cls"}}), 384, 6, pooling="mean").anchor == "cls"
+
+
+class StepSpy(Callback):
+    "Records the steps it saw."
+    def __init__(self):
+        self.steps = []
+    def after_step(self, trainer):
+        self.steps.append(trainer.step)
+
+
+def test_a_callback_of_ones_own_is_added_to_the_defaults(tiny_encoder, tmp_path):
+    "Passing a callback keeps checkpointing (the defaults stay); a default is left out only when drop names its class."
+    data = TrainData([f"sentence number {i}" for i in range(40)])
+    cfg = lambda run: make_config({"run_dir": str(tmp_path / run), "max_steps": 4, "batch_size": 4, "dims": [8, 32],
+                                   "checkpoint_every": 2, "keep_checkpoints": 0, "eval_every": -1})
+    spy = StepSpy()
+    Trainer(cfg("added"), encoder=tiny_encoder("bert"), data=data, callbacks=[spy], progress=False).fit()
+    assert spy.steps == [1, 2, 3, 4]
+    assert sorted(p.name for p in (tmp_path / "added" / "checkpoints").iterdir()) == ["step_0000002", "step_0000004"]
+    spy = StepSpy()
+    Trainer(cfg("dropped"), encoder=tiny_encoder("bert"), data=data, callbacks=[spy], drop=(CheckpointCallback,),
+            progress=False).fit()
+    assert spy.steps == [1, 2, 3, 4] and not (tmp_path / "dropped" / "checkpoints").exists()
+    trainer = Trainer(cfg("replaced"), encoder=tiny_encoder("bert"), data=data, callbacks=[CheckpointCallback(3)],
+                      progress=False)
+    assert [(type(c).__name__, c.every) for c in trainer.callbacks] == [("CheckpointCallback", 3)]   # one, not two
+    with pytest.raises(TypeError, match="drop takes Callback classes"):
+        Trainer(cfg("bad"), encoder=tiny_encoder("bert"), data=data, drop=["CheckpointCallback"], progress=False)
