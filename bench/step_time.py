@@ -39,7 +39,7 @@ from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.methods import get_method
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
-from matryoshka_lab.report import STEP_TIME_GOALS
+from matryoshka_lab.studies.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
 from matryoshka_lab.trainer import method_views
 

@@ -4,20 +4,20 @@ MIPIC and MIC with their ablations, and where each one's gradient comes from.
     python experiments/baselines.py [--setting angle|simcse|mipic|cold] [--seeds 0 1 2] [--methods ...] [--max-steps N]
                                     [--out DIR] [--results DIR] [--task-share] [--add-tasks TASK ... [--add-layers 3,-1]]
 
-The sweep of nbs/10_baselines.ipynb (matryoshka_lab.experiments) from a shell: every method trains the embedded
+The sweep of nbs/studies/02_baselines.ipynb (matryoshka_lab.studies.baselines) from a shell: every method trains the embedded
 all-MiniLM-L6-v2 with the same data, steps, batch, learning rate and seeds, then evaluates it. Settings: angle (AnglE
 on STS-B train pairs, lr 5e-5; by default every method: the regime where the task term leads) and simcse
 (unsupervised SimCSE on wiki sentences), evaluated at every hidden state x prefix dim on STS-B (dev and test), SICK-R
 and STS12-16; mipic (SimCSE on the MIPIC/MIC corpus; by default MRL, MIPIC, MIC, MIPIC without PIC, MIC without SIR,
 and beside them base, 2DMSE (both alignments), ESE and MIPIC's earlier detached teacher), evaluated at the last layer
-on the STS sets, Banking77, TweetEval and MRPC (nbs/13_mipic_mic_results.ipynb).
+on the STS sets, Banking77, TweetEval and MRPC (nbs/studies/03_mipic_mic.ipynb).
 cold: mipic from the embedded model with its top 3 layers re-drawn (a cold start).
 Run directories go to OUT (finished runs are read back, so an interrupted sweep continues); the per-seed grids are
 merged into the committed result file RESULTS/summary.csv with RESULTS/meta.json (what wrote each method's rows),
 and the script prints mean +- std over seeds of the average over the 7 STS test sets.
 --task-share trains nothing: it measures the task term's share of each method's gradient on the first batch of
-each seed (matryoshka_lab.experiments.task_share) into RESULTS/task_share.csv.
---add-tasks evaluates each run's exported model on more tasks at --add-layers (matryoshka_lab.experiments.add_tasks;
+each seed (matryoshka_lab.studies.baselines.task_share) into RESULTS/task_share.csv.
+--add-tasks evaluates each run's exported model on more tasks at --add-layers (matryoshka_lab.studies.baselines.add_tasks;
 a missing run is trained first) and merges their rows into the result file, e.g. the papers' classification tasks in
 the angle setting: --setting angle --add-tasks banking77 tweeteval_emotion mrpc --add-layers 3,-1
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from matryoshka_lab.experiments import (BASELINES, EVERY_METHOD, MIPIC_SETTING_METHODS, MIPIC_SWEEP, SETTINGS, STS_TEST,
+from matryoshka_lab.studies.baselines import (BASELINES, EVERY_METHOD, MIPIC_SETTING_METHODS, MIPIC_SWEEP, SETTINGS, STS_TEST,
                                         VARIANTS, delta_table, run_baselines, save_results, seed_stats, stats_table,
                                         task_share)
 
 DEFAULT_METHODS = {"mipic": MIPIC_SETTING_METHODS, "cold": MIPIC_SWEEP, "angle": EVERY_METHOD}
-DEFAULT_STEPS = {"mipic": 100, "cold": 100}   # what nbs/13 reads: a run of the mipic setting takes about 5 min on 2 CPU cores
+DEFAULT_STEPS = {"mipic": 100, "cold": 100}   # what nbs/studies/03 reads: a run of the mipic setting takes about 5 min on 2 CPU cores
 
 
 def measure_shares(methods, setting: str, seeds, folder: Path) -> pd.DataFrame:

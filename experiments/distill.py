@@ -1,15 +1,15 @@
-"""Matryoshka neural-collapse distillation against plain MRL on CLINC150 (nbs/16a_distill_compare.ipynb), into a
+"""Matryoshka neural-collapse distillation against plain MRL on CLINC150 (nbs/studies/05_distill.ipynb), into a
 result file.
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/distill.py [--seeds 0 1 2] [--out runs/distill_compare]
                                                                      [--result results/distill/clinc150.json]
 
-Every arm of matryoshka_lab.distill_compare.DISTILL_ARMS (plain MRL with unsupervised SimCSE, distill_nc, distill_nc
+Every arm of matryoshka_lab.studies.distill.DISTILL_ARMS (plain MRL with unsupervised SimCSE, distill_nc, distill_nc
 with alignment only) trains the embedded all-MiniLM-L6-v2 with configs/distill_nc.yaml's settings for each seed,
 measuring k-NN accuracy, the probe's NC1 and the projections' orthonormality at the last layer every 50 steps
 (distill_compare); the untrained model is measured once. Run directories go to OUT (a complete one is read back, so an
 interrupted run continues); every row, with the config, arms, seeds and the command and commit that made them, is
-written to RESULT, which nbs/16a_distill_compare.ipynb and the README read. A few minutes per arm and seed on 2 CPU
+written to RESULT, which nbs/studies/05_distill.ipynb and the README read. A few minutes per arm and seed on 2 CPU
 cores.
 """
 import argparse
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from matryoshka_lab.core import provenance
-from matryoshka_lab.distill_compare import DISTILL_ARMS, arm_config, distill_compare, distill_summary
+from matryoshka_lab.studies.distill import DISTILL_ARMS, arm_config, distill_compare, distill_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EVERY = 50                   # configs/distill_nc.yaml's eval_every: NC1 at steps 0, 50, 100, k-NN at 50, 100

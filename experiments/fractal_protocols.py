@@ -1,4 +1,4 @@
-"""Fractal Embeddings under the two protocols, and the differences between them one at a time (nbs/15_fractal.ipynb).
+"""Fractal Embeddings under the two protocols, and the differences between them one at a time (nbs/18_fractal.ipynb; results: nbs/studies/04_fractal.ipynb).
 
     python experiments/fractal_protocols.py main      # CLINC, 5 seeds: every condition under both protocols
     python experiments/fractal_protocols.py toggles   # CLINC, 3 seeds, V5 (and MRL) with each difference toggled alone

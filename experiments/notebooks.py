@@ -2,9 +2,9 @@
 without running a cell.
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py        # every notebook of RESULT_NOTEBOOKS
-    MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py nbs/13_mipic_mic_results.ipynb
+    MATRYOSHKA_LAB_DATA=../shared/data python experiments/notebooks.py nbs/studies/03_mipic_mic.ipynb
 
-Each notebook runs top to bottom in a fresh python3 kernel started in nbs/, with the data directory of
+Each notebook runs top to bottom in a fresh python3 kernel started in its folder, with the data directory of
 $MATRYOSHKA_LAB_DATA (or --data) and progress bars off (TQDM_DISABLE); its experiments read their committed result
 files under results/ instead of re-running. nbdev_clean then strips the volatile metadata (execution counts, kernel
 state) and keeps the outputs. `--check` executes into a temporary copy instead and fails when any output differs
@@ -26,9 +26,10 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 # the notebooks committed with their outputs (each under three minutes on 2 cores): the results notebooks, which read
 # results/, the method notebooks whose checks print what they compare, and the tutorial (its last section reads results/)
-RESULT_NOTEBOOKS = ("06_losses.ipynb", "10_baselines.ipynb", "11_mipic.ipynb", "12_mic.ipynb", "13_mipic_mic_results.ipynb",
-                    "14_stats.ipynb", "15_fractal.ipynb", "16_distill.ipynb", "16a_distill_compare.ipynb",
-                    "17_routing.ipynb", "18_diagnostics.ipynb", "21_report.ipynb", "22_your_method.ipynb")
+RESULT_NOTEBOOKS = ("07_losses.ipynb", "08_diagnostics.ipynb", "14_stats.ipynb", "15_mipic.ipynb", "16_mic.ipynb",
+                    "17_distill.ipynb", "18_fractal.ipynb", "19_routing.ipynb", "24_your_method.ipynb",
+                    "studies/02_baselines.ipynb", "studies/03_mipic_mic.ipynb", "studies/04_fractal.ipynb",
+                    "studies/05_distill.ipynb", "studies/06_report.ipynb")
 
 
 def execute(path: Path, dest: Path, timeout: int = 1800) -> float:

@@ -42,6 +42,43 @@ def test_import_graph_has_no_cycle():
     assert graph["methods"] == set(), "methods.py must import no other library module (every method module imports it)"
 
 
+LAYERS = {   # the README's picture, bottom up: a module imports only modules of its own layer or of those below
+    "base": ("core", "methods", "encoder", "data", "runs"),
+    "losses": ("losses",),
+    "measuring": ("eval", "diagnostics", "stats", "plots"),
+    "training": ("config", "distributed", "checkpoint", "trainer", "gradients"),
+    "papers": ("mipic", "mic", "distill", "fractal", "routing"),
+    "apps": ("cli", "st_loss", "dashboard", "workbench")}
+
+
+def test_each_layer_imports_only_its_own_and_those_below():
+    rank = {m: i for i, modules in enumerate(LAYERS.values()) for m in modules}
+    assert set(rank) == {p.stem for p in LIB.glob("*.py")} - {"__init__", "_modidx"}, "every library module has a layer"
+    names = list(LAYERS)
+    above = {m: sorted(d for d in library_imports(LIB / f"{m}.py") if rank[d] > r) for m, r in rank.items()}
+    assert {m: d for m, d in above.items() if d} == {}, f"imports from a layer above: {above} ({names})"
+
+
+def imports_studies(source: str) -> bool:
+    "Whether python source imports matryoshka_lab.studies (relatively from the package, or absolutely)."
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            relative = node.level == 1 and (module.split(".")[0] == "studies" or (not module and any(a.name == "studies" for a in node.names)))
+            if relative or module.startswith("matryoshka_lab.studies"):
+                return True
+        elif isinstance(node, ast.Import) and any(a.name.startswith("matryoshka_lab.studies") for a in node.names):
+            return True
+    return False
+
+
+def test_no_library_module_imports_a_study():
+    "matryoshka_lab/studies/ imports the library; nothing in the library imports it."
+    assert [imports_studies(s) for s in ("from .studies.report import x", "from . import studies", "import matryoshka_lab.studies.baselines",
+                                         "from .fractal import x", "from ..core import y")] == [True, True, True, False, False]
+    assert [p.name for p in LIB.glob("*.py") if imports_studies(p.read_text(encoding="utf-8"))] == []
+
+
 def test_trainer_names_no_method():
     tree = ast.parse((LIB / "trainer.py").read_text(encoding="utf-8"))
     named = sorted({n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in BUILTIN})

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import ROOT, shared_data_dir
 
-NOTEBOOKS = sorted(p.name for p in (ROOT / "nbs").glob("*.ipynb"))
+NOTEBOOKS = sorted(p.relative_to(ROOT / "nbs").as_posix() for p in (ROOT / "nbs").rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts)   # the library's, then studies/
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS)

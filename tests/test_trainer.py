@@ -295,9 +295,9 @@ def test_loss_lr_trains_a_losss_own_parameters_at_their_own_rate(tiny_encoder, t
 
 
 def test_mipic_config_trains_its_own_parameters_at_the_measured_rate():
-    "configs/mipic.yaml and the experiments' 'mipic' variant share loss_lr (chosen under AnglE, nbs/10_baselines)."
+    "configs/mipic.yaml and the experiments' 'mipic' variant share loss_lr (chosen under AnglE, nbs/studies/02_baselines)."
     import yaml
-    from matryoshka_lab.experiments import MIPIC_LOSS_LR, VARIANTS
+    from matryoshka_lab.studies.baselines import MIPIC_LOSS_LR, VARIANTS
     assert yaml.safe_load((ROOT / "configs" / "mipic.yaml").read_text())["loss_lr"] == MIPIC_LOSS_LR == VARIANTS["mipic"]["loss_lr"]
 
 
