@@ -1,7 +1,7 @@
-"""README.md is nbs/index.ipynb rendered; its Quick start holds exactly the two commands CI runs; its marked tables
-are those the committed result files give (matryoshka_lab.report.fill_tables).
+"""README.md is nbs/index.ipynb rendered; its Quick start holds exactly the two commands CI runs; the marked tables of
+the README and of RESULTS.md are those the committed result files give (matryoshka_lab.studies.report.fill_tables).
 
-    python tests/test_readme.py     # regenerate the marked tables in nbs/index.ipynb and results/figures, then rewrite README.md
+    python tests/test_readme.py     # regenerate the marked tables (nbs/index.ipynb, RESULTS.md) and results/figures, rewrite README.md
 """
 import json
 import re
@@ -9,12 +9,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "nbs" / "index.ipynb"
+RESULTS_MD = ROOT / "RESULTS.md"
 RESULTS = ROOT / "results"
 
 
 def fill_tables(text: str) -> str:
     "text with its marked tables regenerated from results/ (imported here: .ci/run reads this file before it installs the library)."
-    from matryoshka_lab.report import fill_tables as fill
+    from matryoshka_lab.studies.report import fill_tables as fill
     return fill(text, RESULTS)
 
 
@@ -73,17 +74,31 @@ def test_quick_start_has_the_two_commands_ci_runs():
     assert "quick_start_commands" in (ROOT / ".ci" / "run").read_text(), ".ci/run must run the README's commands"
 
 
-def test_readme_links_every_figure():
-    "Every image the README shows is a committed figure, and every figure report.FIGURES draws is shown."
-    from matryoshka_lab.report import FIGURES
-    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+def test_results_page_tables_are_the_result_files():
+    text = RESULTS_MD.read_text(encoding="utf-8")
+    assert "<!-- table:" in text and fill_tables(text) == text, \
+        "the marked tables of RESULTS.md differ from results/: run `python tests/test_readme.py`"
+
+
+def test_readme_is_short_and_points_to_the_results():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200 and "RESULTS.md" in readme
+
+
+def test_readme_and_results_link_every_figure():
+    "Every image the README and RESULTS.md show is a committed figure, and every figure report.FIGURES draws is shown."
+    from matryoshka_lab.studies.report import FIGURES
+    pages = (ROOT / "README.md").read_text(encoding="utf-8") + RESULTS_MD.read_text(encoding="utf-8")
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", pages)
     assert [p for p in linked if not (ROOT / p).is_file()] == [], linked
     assert sorted(f"results/figures/{name}.png" for name in FIGURES) == sorted(p for p in linked if p.startswith("results/figures/"))
 
 
 if __name__ == "__main__":
-    from matryoshka_lab.report import write_figures
+    from matryoshka_lab.studies.report import write_figures
     print(f"regenerated the tables of {refresh_index_tables()} cells of nbs/index.ipynb")
+    RESULTS_MD.write_text(fill_tables(RESULTS_MD.read_text(encoding="utf-8")), encoding="utf-8")
+    print("regenerated the tables of RESULTS.md")
     print(f"drew {len(write_figures(RESULTS))} figures into results/figures")
     (ROOT / "README.md").write_text(render_index(), encoding="utf-8")
     print("wrote README.md")
