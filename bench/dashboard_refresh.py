@@ -20,7 +20,7 @@ In-process, side by side on the same files (alternating order where two things a
 --soak S: with the page open, a writer appends 50 steps a second (13 metrics each) for S seconds; every 10 s it
   prints the server's resident memory, the page's JS heap and how far the page's step pane lags the writer.
 Figures are medians over --rounds; the last line is one JSON object; --out also writes it with what made it (the
-README's table reads that file).
+RESULTS.md's table reads that file).
 """
 import argparse
 import gc

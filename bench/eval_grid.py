@@ -10,7 +10,7 @@ forward and grid run on every distinct sentence of the STS tasks (STS-B, SICK-R,
 --chunk sentences (the machine's speed drifts), averaged over --repeats passes; grid time = its encoding plus the
 scoring of all cells. naive is timed on the first --naive-pairs STS-B pairs against the grid on the same pairs, since 42 passes
 over all sentences would take most of an hour. The last line is one JSON object; --out also writes it with what made it
-(results/bench/eval_grid.json is the README's).
+(results/bench/eval_grid.json is RESULTS.md's).
 """
 import argparse
 import json

@@ -17,7 +17,7 @@ alike; each setup's figure is its median over rounds. Setups:
               mrl, 2dmse, mipic and mic
 The last line is one JSON object with the ratios (mrl_over_base, 2dmse_over_mrl, mrl_over_st_matryoshka,
 2dmse_over_st_matryoshka2d, mipic_over_mrl, mic_over_mrl, and st_ours_M_over_M for the adapter) and the medians in seconds; --out also writes it, with the
-command, commit and date, to FILE (the committed one is results/bench/step_time.json, read by the README's table).
+command, commit and date, to FILE (the committed one is results/bench/step_time.json, read by RESULTS.md's table).
 """
 import argparse
 import json

@@ -9,7 +9,7 @@ with alignment only) trains the embedded all-MiniLM-L6-v2 with configs/distill_n
 measuring k-NN accuracy, the probe's NC1 and the projections' orthonormality at the last layer every 50 steps
 (distill_compare); the untrained model is measured once. Run directories go to OUT (a complete one is read back, so an
 interrupted run continues); every row, with the config, arms, seeds and the command and commit that made them, is
-written to RESULT, which nbs/studies/05_distill.ipynb and the README read. A few minutes per arm and seed on 2 CPU
+written to RESULT, which nbs/studies/05_distill.ipynb and RESULTS.md read. A few minutes per arm and seed on 2 CPU
 cores.
 """
 import argparse

@@ -1,4 +1,4 @@
-"""Per-dimension variance spectra of trained models' last-layer embeddings: MRL against MIC (issue 17's figure).
+"""Per-dimension variance spectra of trained models' last-layer embeddings: MRL against MIC (RESULTS.md's figure).
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/spectra.py --runs RUNS [--out results/eval/spectra.json]
 
