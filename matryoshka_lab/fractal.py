@@ -31,10 +31,10 @@ __all__ = ['CONDITIONS', 'EVALUATIONS', 'LOO_ROWS', 'LOO_CURVE', 'FROM_PROTOCOL'
            'localisation', 'Supervision', 'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody',
            'FractalHead', 'block_keep_mask', 'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step',
            'FractalConfig', 'fractal_config', 'protocol_overrides', 'project', 'prefix_views', 'loo_grid', 'eval_grids',
-           'train_head', 'encode_levels', 'stratified_split', 'backbone_vectors', 'FractalData', 'fractal_data',
-           'seed_split', 'fractal_seeds', 'run_condition', 'entropy_bits', 'conditional_entropy_bits', 'hierarchy_bits',
-           'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse', 'add_parent_level', 'synthetic_sweep',
-           'quadratic_fit']
+           'new_head', 'positive_levels', 'train_head', 'encode_levels', 'stratified_split', 'backbone_vectors',
+           'FractalData', 'fractal_data', 'seed_split', 'fractal_seeds', 'run_condition', 'entropy_bits',
+           'conditional_entropy_bits', 'hierarchy_bits', 'run_fractal', 'runs_frame', 'cross_dataset', 'random_coarse',
+           'add_parent_level', 'synthetic_sweep', 'quadratic_fit']
 
 # %% ../nbs/18_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -433,7 +433,7 @@ def eval_grids(train_views: torch.Tensor, train_labels: dict, test_views: torch.
     return {"loo500": loo_grid(test_views, test_labels, min(LOO_ROWS, n), k), "loo_test": loo_grid(test_views, test_labels, n, k),
             "train_index": col("knn_acc"), "recall1": col("recall@1")}
 
-def _new_head(cfg: FractalConfig, in_dim: int, n_classes: tuple) -> FractalHead:
+def new_head(cfg: FractalConfig, in_dim: int, n_classes: tuple) -> FractalHead:
     "A FractalHead of cfg initialised from cfg.seed without touching the caller's global random state."
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
@@ -448,8 +448,8 @@ def _select(cfg: FractalConfig, head: FractalHead, train_h, train_y, vv, val_y) 
         return loo_knn_accuracy(vv[:n], _levels(val_y[:, :n]), cfg.k)
     return prefix_accuracy(prefix_views(head, train_h)[-1], _levels(train_y), vv, _levels(val_y), [cfg.dim], cfg.k)[:, 0]
 
-def _contrastive_levels(cfg: FractalConfig, sup: Supervision, n_levels: int) -> list[int]:
-    "The levels any loss term of cfg supervises (those that need a sampled positive), sorted."
+def positive_levels(cfg: FractalConfig, sup: Supervision, n_levels: int) -> list[int]:
+    "The levels any loss term of cfg supervises, which need a sampled same-label positive per row (positive_rows), sorted."
     if cfg.condition == "mrl" and cfg.mrl == "all":
         prefix = [((n_levels - 1, 1.0),)]
     else:
@@ -464,12 +464,12 @@ def train_head(cfg: FractalConfig, train_h: torch.Tensor, train_y: torch.Tensor,
         raise ValueError(f"train_y has {V} levels, val_y {val_y.shape[0]} and n_classes {len(n_classes)}: they must agree")
     if len(train_h) < (cfg.batch_size if cfg.drop_last else 1):
         raise ValueError(f"{len(train_h)} training rows give no batch of {cfg.batch_size} (drop_last={cfg.drop_last})")
-    head, g = _new_head(cfg, train_h.shape[1], n_classes), torch.Generator().manual_seed(cfg.seed)
+    head, g = new_head(cfg, train_h.shape[1], n_classes), torch.Generator().manual_seed(cfg.seed)
     sup = supervision(cfg.condition, cfg.alphas, V, cfg.uhmt_full)
     n_batches = len(train_h) // cfg.batch_size if cfg.drop_last else -(-len(train_h) // cfg.batch_size)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs * n_batches) if cfg.schedule == "cosine" else None)
-    contrastive_levels = _contrastive_levels(cfg, sup, V) if cfg.contrastive_weight else []
+    contrastive_levels = positive_levels(cfg, sup, V) if cfg.contrastive_weight else []
     history, best = [], (-math.inf, None)
     with torch.random.fork_rng(devices=[]):                              # the network's dropout: seeded, the caller's state untouched
         torch.manual_seed(cfg.seed)
@@ -724,7 +724,7 @@ def run_fractal(model: str | Path = "embedded", data_dir: str | Path | None = No
         tr, te = torch.as_tensor(split["train"]), torch.as_tensor(split["test"])
         ytr, yte = _levels(data.train_y[:, tr]), _levels(data.test_y[:, te])
         backbone.append(eval_grids(data.train_h[tr][None].double(), ytr, data.test_h[te][None].double(), yte, cfg0.k))
-        head0 = _new_head(configs[(s, conditions[0])], data.train_h.shape[1], data.n_classes)   # control: never trained
+        head0 = new_head(configs[(s, conditions[0])], data.train_h.shape[1], data.n_classes)   # control: never trained
         untrained.append(eval_grids(prefix_views(head0, data.train_h[tr]), ytr, prefix_views(head0, data.test_h[te]), yte, cfg0.k))
         jobs += [(configs[(s, c)], split) for c in conditions]
     with tqdm(total=len(jobs), desc=f"fractal {data.name} ({protocol})", disable=not progress) as bar:

@@ -13,7 +13,7 @@ from torch import nn
 
 from .config import make_config
 from .encoder import Encoder
-from .fractal import _contrastive_levels, _new_head, fractal_config, fractal_step, positive_rows, supervision
+from .fractal import fractal_config, fractal_step, new_head, positive_levels, positive_rows, supervision
 from .methods import TrainData, get_method
 from .trainer import make_loss, method_views
 
@@ -140,8 +140,8 @@ class FractalLoss(nn.Module):
         self.config = fractal_config(protocol, condition=condition, **overrides)
         V = len(self.n_classes)
         self.supervision = supervision(self.config.condition, self.config.alphas, V, self.config.uhmt_full)
-        self.levels = _contrastive_levels(self.config, self.supervision, V) if self.config.contrastive_weight else []
-        self.head = _new_head(self.config, model.get_sentence_embedding_dimension(), self.n_classes)
+        self.levels = positive_levels(self.config, self.supervision, V) if self.config.contrastive_weight else []
+        self.head = new_head(self.config, model.get_sentence_embedding_dimension(), self.n_classes)
         self.generator = torch.Generator().manual_seed(self.config.seed)   # block dropout and prefix draws, as train_head's
         self.last = None                             # the last batch's (total, {term: value})
 

@@ -563,6 +563,7 @@ def test_results_notebook_shows_outputs_unexecuted(tmp_path):
     images = sum("image/png" in o.get("data", {}) for o in outputs)
     tables = sum("".join(o.get("data", {}).get("text/markdown", "")).startswith("|") for o in outputs)
     assert images >= 3 and tables >= 10, f"{RESULT_NOTEBOOK} has {images} figures and {tables} tables: run experiments/notebooks.py"
+    (tmp_path / RESULT_NOTEBOOK).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "nbs" / RESULT_NOTEBOOK, tmp_path / RESULT_NOTEBOOK)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
