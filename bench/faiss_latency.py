@@ -10,7 +10,7 @@ both one query per search call and one batched call. Without --vectors the vecto
 Flat search cost depends only on n and d, HNSW's also on the data through the graph walk. Rows are resampled with
 noise when the file has fewer than the index needs. The paper's sizes take minutes (HNSW construction); use e.g.
 --n-hnsw 5000 for a quick check. The last line is one JSON object with the ratios latency(full) / latency(d); --out
-also writes every (index, dim) row with what made it (RESULTS.md's and nbs/19_routing.ipynb's Table 9 read that file).
+also writes every (index, dim) row with what made it (RESULTS.md's and nbs/20_routing.ipynb's Table 9 read that file).
 """
 import argparse
 import json

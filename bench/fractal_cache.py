@@ -4,12 +4,12 @@
 
 The Fractal reproduction (matryoshka_lab.fractal) trains a linear head on a FROZEN backbone, so the backbone's last-layer
 pooled vectors are computed once and cached on disk by matryoshka_lab.encoder.encode_cached, keyed by the model's
-fingerprint, the texts and the layer/pooling/max length (what fractal.backbone_vectors asks for: layers=[-1], the model's
+fingerprint, the texts and the layer/pooling/max length (what fractal_runner.backbone_vectors asks for: layers=[-1], the model's
 own pooling and max length). On --n CLINC150 training texts (a seeded random subset) this times:
   hit     encode_cached of the texts when they are already in the cache (hash the texts, np.load the .npy);
   miss    encode_cached into an empty cache folder: encode the texts and write them (the model is already loaded);
   encode  one Encoder.encode of the texts (last layer, no grad): what recomputing the backbone costs per epoch;
-  head    fractal.train_head, condition v5 under --protocol (default: the authors'), --epochs epochs, on the
+  head    fractal_runner.train_head, condition v5 under --protocol (default: the authors'), --epochs epochs, on the
           texts' vectors split 90/10 into train/validation rows as run_fractal does (includes its per-epoch k-NN check).
 Every round times each part once, in a rotating order, so the machine's drift hits all alike; figures are medians
 over rounds. The two variants are then
@@ -36,7 +36,7 @@ import torch
 from matryoshka_lab.core import DATA_ENV, resolve_data_dir
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, encode_cached
-from matryoshka_lab.fractal import PROTOCOLS, encode_levels, fractal_config, stratified_split, train_head
+from matryoshka_lab.fractal_runner import PROTOCOLS, encode_levels, fractal_config, stratified_split, train_head
 
 PARTS = ["hit", "miss", "encode", "head"]
 # The issue's full comparison: `matryoshka-lab fractal --dataset clinc150 --seeds 5 --conditions v5,mrl --max-train 10000

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from matryoshka_lab.core import DATA_ENV, provenance, resolve_data_dir
-from matryoshka_lab.fractal import PROTOCOLS, fractal_data, run_fractal
+from matryoshka_lab.fractal_runner import PROTOCOLS, fractal_data, run_fractal
 
 FULL_HEADS, FULL_TRAIN = 10, 8_500      # the comparison: CLINC, 5 seeds x (V5, MRL), 8,500 training rows each
 

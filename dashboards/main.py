@@ -3,7 +3,7 @@
     panel serve dashboards/ --address 127.0.0.1 --port 5006        # then open http://127.0.0.1:5006/dashboards
 
 `panel serve DIR` serves this folder as one directory app; the views live in the library, matryoshka_lab.workbench
-(nbs/23_workbench.ipynb), which also shows them inline in a notebook: `from matryoshka_lab.workbench import show;
+(nbs/24_workbench.ipynb), which also shows them inline in a notebook: `from matryoshka_lab.workbench import show;
 show("runs", "demo")`. Runs are found under $MATRYOSHKA_LAB_RUNS (default ./runs): every folder below it holding
 metrics.jsonl, config.json or grid.csv, never anything outside it. `?run=NAME` in the address opens that run.
 Read-only; imports no torch. Localhost only, unless told otherwise: `panel serve` without --address listens on every

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from matryoshka_lab.data import load_task
-from matryoshka_lab.fractal import (CLINC_SUPER_DOMAINS, add_parent_level, encode_levels, fractal_data, hierarchy_bits,
-                                    run_fractal, synthetic_sweep)
+from matryoshka_lab.fractal_runner import (CLINC_SUPER_DOMAINS, add_parent_level, encode_levels, fractal_data,
+                                           hierarchy_bits, run_fractal, synthetic_sweep)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "fractal"

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # the notebooks committed with their outputs (each under three minutes on 2 cores): the results notebooks, which read
 # results/, the method notebooks whose checks print what they compare, and the tutorial (its last section reads results/)
 RESULT_NOTEBOOKS = ("07_losses.ipynb", "08_diagnostics.ipynb", "14_stats.ipynb", "15_mipic.ipynb", "16_mic.ipynb",
-                    "17_distill.ipynb", "18_fractal.ipynb", "19_routing.ipynb", "24_your_method.ipynb",
-                    "studies/02_baselines.ipynb", "studies/03_mipic_mic.ipynb", "studies/04_fractal.ipynb",
-                    "studies/05_distill.ipynb", "studies/06_report.ipynb")
+                    "17_distill.ipynb", "18_fractal.ipynb", "19_fractal_runner.ipynb", "20_routing.ipynb",
+                    "25_your_method.ipynb", "studies/02_baselines.ipynb", "studies/03_mipic_mic.ipynb",
+                    "studies/04_fractal.ipynb", "studies/05_distill.ipynb", "studies/06_report.ipynb")
 
 
 def execute(path: Path, dest: Path, timeout: int = 1800) -> float:

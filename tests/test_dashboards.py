@@ -582,8 +582,8 @@ def test_results_notebook_shows_outputs_unexecuted(tmp_path):
 
 
 def tutorial_module(folder: Path) -> str:
-    "The tutorial's own method module (nbs/24_your_method.ipynb, its %%writefile cell) written into folder/my_methods."
-    nb = json.loads((ROOT / "nbs" / "24_your_method.ipynb").read_text(encoding="utf-8"))
+    "The tutorial's own method module (nbs/25_your_method.ipynb, its %%writefile cell) written into folder/my_methods."
+    nb = json.loads((ROOT / "nbs" / "25_your_method.ipynb").read_text(encoding="utf-8"))
     cell = next("".join(c["source"]) for c in nb["cells"] if "".join(c["source"]).startswith("%%writefile"))
     (folder / "my_methods").mkdir(parents=True)
     (folder / "my_methods" / "__init__.py").write_text("")

@@ -47,7 +47,7 @@ LAYERS = {   # the README's picture, bottom up: a module imports only modules of
     "losses": ("losses",),
     "measuring": ("eval", "diagnostics", "stats", "plots"),
     "training": ("config", "distributed", "checkpoint", "trainer", "gradients"),
-    "papers": ("mipic", "mic", "distill", "fractal", "routing"),
+    "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
     "apps": ("cli", "st_loss", "dashboard", "workbench")}
 
 
@@ -94,7 +94,7 @@ def test_every_builtin_is_registered_by_the_module_that_defines_it():
 
 def test_fractal_config_protocol_label_means_its_values():
     "FractalConfig(protocol=P) carries P's options (PROTOCOLS is their only source); an option given stays given."
-    from matryoshka_lab.fractal import PROTOCOLS, FractalConfig, fractal_config, protocol_overrides
+    from matryoshka_lab.fractal_runner import PROTOCOLS, FractalConfig, fractal_config, protocol_overrides
     for name, options in PROTOCOLS.items():
         cfg = FractalConfig(protocol=name)
         assert {k: getattr(cfg, k) for k in options} == options and cfg == fractal_config(name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..fractal import quadratic_fit
+from ..fractal_runner import quadratic_fit
 
 # %% auto #0
 __all__ = ['PAPER_S', 'PAPER_T3', 'PAPER_POOLED', 'PAPER_ROUTING', 'PAPER_TABLE9', 'PAPER_T5', 'PAPER_T5_FIT', 'fmt', 'mean_sd',
