@@ -245,6 +245,8 @@ class Trainer:
         self.encoder = encoder or load_encoder(config)
         self.encoder.to(device)
         self.data = data or training_data(config)
+        if len(self.data) < config.batch_size:       # data passed in; training_data checks its own
+            raise ValueError(f"the training data has {len(self.data)} examples, fewer than batch_size {config.batch_size}")
         drop = callback_classes(drop)
         eval_tasks = preflight(config, self.encoder, evaluation=not issubclass(EvalCallback, drop))   # before step 1
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
