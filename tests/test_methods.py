@@ -1,5 +1,7 @@
-"""Methods as plugins: the library's import graph has no cycle, and the trainer knows methods only through the registry."""
+"""The library's structure: no import cycle, layers and notebook numbers that follow the imports, no study imported by the
+library; the trainer knows methods only through the registry."""
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -122,3 +124,15 @@ def test_every_method_is_encoded_as_it_declares_and_gradient_share_works_for_eac
         assert 0 < share["task_share"] <= 1 and math.isfinite(share["grad_norm"]) and share["grad_norm"] > 0, (name, share)
         if name in ("base", "mrl", "distill_nc"):          # their whole objective is the task (Method.task_loss)
             assert abs(share["task_share"] - 1) < 1e-9 and share["rest"] == 0, (name, share)
+
+
+def test_notebooks_are_numbered_in_dependency_order():
+    "A library notebook's module imports only modules of lower-numbered notebooks (nbs/NN_name.ipynb, `#| default_exp`)."
+    number = {}
+    for nb in (ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"):
+        found = re.search(r"#\| default_exp (\w+)", nb.read_text(encoding="utf-8"))
+        if found:
+            number[found.group(1)] = int(nb.name[:2])
+    assert set(number) == {p.stem for p in LIB.glob("*.py")} - {"__init__", "_modidx"}, "every module has its notebook"
+    later = sorted((m, d) for m in number for d in library_imports(LIB / f"{m}.py") if number[d] >= number[m])
+    assert later == [], f"modules importing a module of a later (or the same) notebook number: {later}"
