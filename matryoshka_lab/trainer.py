@@ -233,6 +233,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, encoder: Encoder | None = None, data: TrainData | None = None,
                  callbacks=(), drop=(), progress: bool = True):
         "callbacks are added to default_callbacks(config) (replacing a default of the same class); drop: default classes left out."
+        drop = callback_classes(drop)                   # a bad drop is refused before the model and data load
         data_dir = resolve_data_dir(config.data_dir)   # the directory actually used (also from $MATRYOSHKA_LAB_DATA) is recorded
         if data_dir is not None and config.data_dir != str(data_dir):
             config = dataclasses.replace(config, data_dir=str(data_dir))
@@ -247,7 +248,6 @@ class Trainer:
         self.data = data or training_data(config)
         if len(self.data) < config.batch_size:       # data passed in; training_data checks its own
             raise ValueError(f"the training data has {len(self.data)} examples, fewer than batch_size {config.batch_size}")
-        drop = callback_classes(drop)
         eval_tasks = preflight(config, self.encoder, evaluation=not issubclass(EvalCallback, drop))   # before step 1
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
