@@ -45,15 +45,15 @@ def check_precision(precision: str | None) -> str | None:
     return precision
 
 def resolve_precision(precision: str | None, device: str | torch.device = "cpu", native: bool | None = None) -> str:
-    "'fp32', 'bf16' or 'amp' (CUDA autocast) for `precision` on `device`; `native`: the CPU's bf16 support (default: asked)."
+    "'fp32', 'bf16' or 'fp16' (CUDA without bf16) for `precision` on `device`; `native`: the device's bf16 support (default: asked)."
     check_precision(precision)
     cuda = torch.device(device).type == "cuda"
-    if precision is None:
-        return "amp" if cuda else "fp32"
-    if precision != "auto":
+    if precision not in (None, "auto"):
         return precision
-    if cuda:
-        return "amp"
+    if cuda:                                             # mixed precision on a GPU: bf16 where it runs it (Ampere on)
+        return "bf16" if (torch.cuda.is_bf16_supported() if native is None else native) else "fp16"
+    if precision is None:                                # the CPU's default: float32, that of every committed result
+        return "fp32"
     if cpu_has_native_bf16() if native is None else native:
         return "bf16"
     _fp32_notice()
@@ -64,14 +64,20 @@ def _fp32_notice() -> None:
     "Say once per process that 'auto' fell back to fp32."
     _log.warning("matryoshka_lab: precision 'auto' uses fp32: this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
 
+@contextlib.contextmanager
 def autocast(precision: str, device: str | torch.device = "cpu"):
-    "The context a forward pass runs in for a resolved precision ('fp32': none)."
+    "The context a forward pass runs in for a resolved precision: none for 'fp32'; else autocast, with TF32 for the float32 matmuls left on CUDA."
+    if precision == "fp32":
+        yield
+        return
     device_type = torch.device(device).type
-    if precision == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    if precision == "amp":
-        return torch.autocast(device_type)
-    return contextlib.nullcontext()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32 or device_type == "cuda"
+    try:
+        with torch.autocast(device_type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 # %% ../nbs/00_core.ipynb #00c008
 def seed_everything(seed: int) -> None:

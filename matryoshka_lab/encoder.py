@@ -12,7 +12,10 @@ import hashlib
 import inspect
 import json
 import os
+import threading
 import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +27,9 @@ from tqdm.auto import tqdm
 from .core import autocast, check_precision, hub_offline, parse_layers, resolve_device, resolve_precision
 
 # %% auto #0
-__all__ = ['EMBEDDED', 'POOLINGS', 'BF16_CPU_ATTENTION', 'WEIGHT_SUFFIXES', 'embedded_model_path', 'ModelNotAvailableError',
-           'resolve_model', 'load_hf', 'pool', 'EncoderOutput', 'Encoder', 'reinit_top_layers', 'model_fingerprint',
-           'embedding_cache_dir', 'encode_cached']
+__all__ = ['EMBEDDED', 'POOLINGS', 'BF16_CPU_ATTENTION', 'COPY_EVERY', 'WEIGHT_SUFFIXES', 'embedded_model_path',
+           'ModelNotAvailableError', 'resolve_model', 'load_hf', 'pool', 'EncoderOutput', 'Encoder',
+           'reinit_top_layers', 'model_fingerprint', 'embedding_cache_dir', 'encode_cached']
 
 # %% ../nbs/02_encoder.ipynb #01c006
 EMBEDDED = "embedded"
@@ -141,17 +144,19 @@ class EncoderOutput:
     attentions: tuple | None = None            # per transformer layer [B, H, T, T], when asked for
 
 # %% ../nbs/02_encoder.ipynb #01c023
+_TOKENIZER_LOCK = threading.Lock()   # a fast tokenizer called from two threads at once fails ("Already borrowed")
+
 def _pad(rows: list[list[int]], pad_id: int, side: str) -> torch.Tensor:
     "Pad token-id lists to one [B, T] tensor on `side` ('right' or 'left')."
     T = max(len(r) for r in rows)
-    out = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    out = np.full((len(rows), T), pad_id, dtype=np.int64)
     for i, r in enumerate(rows):
         if r:
             if side == "left":
-                out[i, T - len(r):] = torch.tensor(r)
+                out[i, T - len(r):] = r
             else:
-                out[i, :len(r)] = torch.tensor(r)
-    return out
+                out[i, :len(r)] = r
+    return torch.from_numpy(out)
 
 # bench/encode.py: in bfloat16 on the CPU, PyTorch's SDPA kernel took a fifth of the pass and eager attention was 1.11x
 # faster end to end (in float32 the two tie), so a bf16 encode on the CPU runs the default SDPA as eager.
@@ -170,18 +175,28 @@ def _attention(model: nn.Module, implementation: str | None):
     finally:
         model.set_attn_implementation(before)
 
+COPY_EVERY = 32   # batches of pooled vectors held on the device before one copy to the host
+
 class _BatchedEncoding:
     "Encoder's part that encodes a list of texts: tokenised once, length-sorted batches, no gradients."
     def batches(self, texts: list[str], batch_size: int = 64, max_length: int | None = None):
-        "Yield (indices, batch) over `texts` tokenised once, sorted longest first, padded per batch to [B, T] tensors."
-        enc = self.tokenizer(texts, truncation=True, max_length=max_length or self.max_length, padding=False)
+        "Yield (indices, batch) over `texts` tokenised once, sorted longest first, padded per batch to [B, T] tensors on the device."
+        with _TOKENIZER_LOCK:
+            enc = self.tokenizer(texts, truncation=True, max_length=max_length or self.max_length, padding=False)
         keys = [k for k in enc.keys() if k in self._accepted or k == "attention_mask"]
         order = sorted(range(len(texts)), key=lambda i: -len(enc["input_ids"][i]))  # longest first: OOM shows at once
-        side, pad_id = self.tokenizer.padding_side, self.tokenizer.pad_token_id
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            yield idx, {k: _pad([enc[k][i] for i in idx], pad_id if k == "input_ids" else 0, side).to(self.device)
-                        for k in keys}
+        side, pad_id, device = self.tokenizer.padding_side, self.tokenizer.pad_token_id, self.device
+        def padded(idx):             # in a background thread: the next batch is padded (and pinned) while one runs
+            batch = {k: _pad([enc[k][i] for i in idx], pad_id if k == "input_ids" else 0, side) for k in keys}
+            return {k: v.pin_memory() for k, v in batch.items()} if device.type == "cuda" else batch
+        chunks = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+        with ThreadPoolExecutor(1, thread_name_prefix="matryoshka-pad") as pool:
+            ahead = deque(pool.submit(padded, idx) for idx in chunks[:2])
+            for n, idx in enumerate(chunks):
+                batch = ahead.popleft().result()
+                if n + 2 < len(chunks):
+                    ahead.append(pool.submit(padded, chunks[n + 2]))
+                yield idx, {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     @torch.no_grad()
     def encode(self, texts: list[str], batch_size: int = 64, max_length: int | None = None, layers="all",
@@ -202,10 +217,20 @@ class _BatchedEncoding:
         precision = resolve_precision(precision or self.precision, self.device)      # once: 'auto' says what it chose once
         n_batches = -(-len(texts) // batch_size)
         attention = BF16_CPU_ATTENTION if precision == "bf16" and self.device.type == "cpu" else None
+        held, rows = [], []          # pooled batches kept on the device, copied out together: no host sync per batch
+        def copy_out():
+            out[:, [i for idx in rows for i in idx]] = torch.cat(held, 1).cpu()
+            held.clear()
+            rows.clear()
         with autocast(precision, self.device), _attention(self.model, attention):   # one context: each weight cast once
             for idx, batch in tqdm(self.batches(texts, batch_size, max_length), total=n_batches, desc=desc,
                                    disable=not progress, unit="batch"):
-                out[:, idx] = self.forward(layers=layers, pooling=pooling, **batch).pooled.float().cpu()
+                held.append(self.forward(layers=layers, pooling=pooling, **batch).pooled.float())
+                rows.append(idx)
+                if len(held) == COPY_EVERY:
+                    copy_out()
+        if held:
+            copy_out()
         self.train(was_training)
         return out
 
@@ -220,7 +245,7 @@ class Encoder(_BatchedEncoding, nn.Module):
         if max_length < 1:
             raise ValueError(f"max_length must be at least 1, got {max_length}")
         self.model, self.tokenizer, self.pooling, self.max_length = model, tokenizer, pooling, int(max_length)
-        self.precision = check_precision(precision)   # encode's default: fp32 / bf16 / auto (None: fp32 on CPU, autocast on CUDA)
+        self.precision = check_precision(precision)   # encode's default: fp32 / bf16 / auto (None: fp32 on CPU, mixed on CUDA)
         if tokenizer.pad_token_id is None:  # decoder tokenizers often lack one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         self._accepted = set(inspect.signature(model.forward).parameters)
@@ -249,13 +274,16 @@ class Encoder(_BatchedEncoding, nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
-        "Tokenised batch of `texts` ([B, T] tensors) on the encoder's device, with only the inputs the model accepts."
+    def tokenize(self, texts: list[str], max_length: int | None = None,
+                 device: str | torch.device | None = None) -> dict[str, torch.Tensor]:
+        "Tokenised batch of `texts` ([B, T] tensors) on `device` (default the encoder's), with only the inputs the model accepts."
         if isinstance(texts, str):
             raise ValueError("texts must be a list of strings, not one string")
-        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length or self.max_length,
-                               return_tensors="pt")
-        return {k: v.to(self.device) for k, v in batch.items() if k in self._accepted}
+        with _TOKENIZER_LOCK:
+            batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length or self.max_length,
+                                   return_tensors="pt")
+        device = self.device if device is None else torch.device(device)
+        return {k: v.to(device) for k, v in batch.items() if k in self._accepted}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers=None, tokens: bool = False,
                 attentions: bool = False, pooling: str | None = None, **inputs) -> EncoderOutput:
