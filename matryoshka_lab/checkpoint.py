@@ -38,7 +38,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2,
-                    torch_states: list | None = None, loss_module: torch.nn.Module | None = None) -> Path:
+                    torch_states: list | None = None, loss_module: torch.nn.Module | None = None, scaler=None) -> Path:
     "Write checkpoints/step_XXXXXXX atomically, with a manifest of its files' hashes; keep only the newest `keep`."
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
@@ -47,7 +47,8 @@ def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, sched
         export_model(encoder, tmp / "model")
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "rng": _rng_state(loss_gen, torch_states),
-                    "loss": loss_module.state_dict() if loss_module is not None else {}}, tmp / "state.pt")
+                    "loss": loss_module.state_dict() if loss_module is not None else {},
+                    "scaler": scaler.state_dict() if scaler is not None else {}}, tmp / "state.pt")   # fp16's loss scale
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / "manifest.json").write_text(json.dumps({p.relative_to(tmp).as_posix(): _sha256(p) for p in files}, indent=1))
     except OSError as err:   # a full disk: no half-written folder, the previous checkpoints untouched
@@ -83,7 +84,7 @@ def read_checkpoint(path: Path, device="cpu") -> tuple[dict, dict]:
     return weights, state
 
 def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen, dist: Dist = Dist(),
-                    loss_module: torch.nn.Module | None = None) -> int:
+                    loss_module: torch.nn.Module | None = None, scaler=None) -> int:
     "Restore weights, optimizer, scheduler and RNG states from a verified checkpoint (nothing is touched if it is not); its step."
     weights, state = read_checkpoint(path, encoder.device)
     missing, unexpected = encoder.model.load_state_dict(weights, strict=False)
@@ -93,6 +94,8 @@ def load_checkpoint(path: Path, encoder: Encoder, optimizer, scheduler, loss_gen
         loss_module.load_state_dict(state.get("loss", {}))
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
     ranks = state["rng"].get("torch_ranks") or [state["rng"]["torch"]]
     if len(ranks) == dist.world:
         torch.set_rng_state(ranks[dist.rank])

@@ -93,7 +93,7 @@ class MatryoshkaDistill(nn.Module):
                 names += [f"d{d}/cls" for d in self.dims] + ["cls"]
                 values += [cls, cls.sum()[None]]
                 total = total + self.lambda_cls * cls.sum()
-        return LossOutput(total, dict(zip(names, torch.cat(values).detach().tolist())))
+        return LossOutput(total, dict(zip(names, torch.cat(values).detach())))
 
 # %% ../nbs/17_distill.ipynb #16c030
 def labelled_texts(task: Task, level: str | None = None, split: str = "train") -> tuple[list[str], np.ndarray]:

@@ -16,16 +16,26 @@ import torch.nn.functional as F
 from .methods import Method, register
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'cosine_matrix', 'info_nce', 'cosent', 'angle',
+__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce', 'cosent', 'angle',
            'in_batch_negatives', 'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl',
            'TwoDMSE', 'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
 class LossOutput:
-    "A loss value to back-propagate and its named parts (floats, for the run log)."
+    "A loss value to back-propagate and its named parts (detached scalars on the loss's device, for the run log)."
     total: torch.Tensor                                  # scalar with grad
-    parts: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def floats(self) -> dict[str, float]:
+        "The parts as floats, read together (reading a GPU tensor waits for the device: once, not once per part)."
+        return read_floats(self.parts)
+
+def read_floats(values: dict) -> dict[str, float]:
+    "values (tensors or numbers) as floats, the tensors copied to the host in one go."
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    read = dict(zip(tensors, torch.stack([v.detach().float().reshape(()) for v in tensors.values()]).tolist())) if tensors else {}
+    return {k: read[k] if k in read else float(v) for k, v in values.items()}
 
 # %% ../nbs/07_losses.ipynb #06c007
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -137,7 +147,7 @@ class MRL:
             d = self.dims[k]
             value = self.objective(a[..., :d], b[..., :d], target)
             total = total + weights[k] * value
-            parts[f"{tag}d{d}/{getattr(self.objective, '__name__', 'loss')}"] = value.item()
+            parts[f"{tag}d{d}/{getattr(self.objective, '__name__', 'loss')}"] = value.detach()
         if self.reduction == "mean":
             total = total / len(idx)
         return LossOutput(total, parts)
@@ -242,17 +252,18 @@ class TwoDMSE:
             if lam[term]:
                 value = fn()
                 total = total + lam[term] * value
-                parts[label] = value.item()
+                parts[label] = value.detach()
         return LossOutput(total, parts)
 
 # %% ../nbs/07_losses.ipynb #06c028
 @torch.no_grad()
 def ese_projection(x: torch.Tensor, k: int) -> torch.Tensor:
-    "ESE's compression target for x [B, D]: x @ U_k S_k of softmax(x^T x / sqrt(D)) -> [B, k] (no gradient)."
-    A = torch.softmax(x.T @ x / math.sqrt(x.shape[-1]), dim=-1)       # [D, D]
-    U, S, _ = torch.linalg.svd(A.double())
-    U = U[:, :k] * torch.sign(U[:, :k].gather(0, U[:, :k].abs().argmax(0, keepdim=True)))  # fix each vector's sign
-    return (x.double() @ (U * S[:k])).to(x.dtype)
+    "ESE's compression target for x [..., B, D]: x @ U_k S_k, the top-k singular pairs of A = softmax(x^T x / sqrt(D)) -> [..., B, k] (no gradient)."
+    A = torch.softmax(x.mT @ x / math.sqrt(x.shape[-1]), dim=-1).double()      # [..., D, D]
+    lam, U = torch.linalg.eigh(A @ A.mT)               # A A^T = U S^2 U^T (eigenvalues ascending): A's U and S exactly
+    U, S = U[..., -k:].flip(-1), lam[..., -k:].flip(-1).clamp_min(0).sqrt()
+    U = U * torch.sign(U.gather(-2, U.abs().argmax(-2, keepdim=True)))          # fix each vector's sign: largest entry > 0
+    return (x.double() @ (U * S[..., None, :])).to(x.dtype)
 
 def distill(student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0, mse_weight: float = 1.0) -> torch.Tensor:
     "The ESE authors' distillation: mse_weight * MSE + temperature * KL(softmax(target/t) || softmax(student/t)); [B, k]."
@@ -277,14 +288,15 @@ class ESE:
         if self.compress_views not in ("both", "a"):
             raise ValueError(f"compress_views must be 'both' or 'a', got {self.compress_views!r}")
 
-    def _layer(self, x: torch.Tensor, y: torch.Tensor, target, tag: str, parts: dict) -> torch.Tensor:
+    def _layer(self, x: torch.Tensor, y: torch.Tensor, target, projected, tag: str, parts: dict) -> torch.Tensor:
+        "Express (and, given the layer's ESE target `projected`, compress) on one hidden state's x, y [B, D]."
         k, name = self.compression_size, getattr(self.objective, "__name__", "loss")
         value = self.objective(x[:, :k], y[:, :k], target)
-        parts[f"{tag}/d{k}/{name}"] = value.item()
-        if self.compress:                           # every text of the batch: both views / sides, [2B, D]
+        parts[f"{tag}/d{k}/{name}"] = value.detach()
+        if projected is not None:                   # every text of the batch: both views / sides, [2B, D]
             xy = torch.cat([x, y]) if self.compress_views == "both" else x
-            c = distill(xy[:, :k], ese_projection(xy, k), self.kl_temperature)
-            parts[f"{tag}/d{k}/compress"] = c.item()
+            c = distill(xy[:, :k], projected, self.kl_temperature)
+            parts[f"{tag}/d{k}/compress"] = c.detach()
             value = value + c
         return value
 
@@ -296,12 +308,17 @@ class ESE:
         if self.compression_size >= D:
             raise ValueError(f"compression_size {self.compression_size} must be smaller than the embedding size {D}")
         name = getattr(self.objective, "__name__", "loss")
+        layers, projected = [N, *range(N - 1)], {}     # the last hidden state and the authors' shallow ones
+        if self.compress:                              # every layer's target from one batched eigendecomposition
+            xy = torch.cat([a, b], 1) if self.compress_views == "both" else a
+            projected = dict(zip(layers, ese_projection(xy[layers], self.compression_size)))
         parts = {}
         full = self.objective(a[N], b[N], target)
-        parts[f"L{N}/d{D}/{name}"] = full.item()
-        total = full + self._layer(a[N], b[N], target, f"L{N}", parts)
+        parts[f"L{N}/d{D}/{name}"] = full.detach()
+        total = full + self._layer(a[N], b[N], target, projected.get(N), f"L{N}", parts)
         if N > 1:
-            shallow = sum(self._layer(a[i], b[i], target, f"L{i}", parts) / (1.0 + math.log(1 + i)) for i in range(N - 1))
+            shallow = sum(self._layer(a[i], b[i], target, projected.get(i), f"L{i}", parts) / (1.0 + math.log(1 + i))
+                          for i in range(N - 1))
             total = total + shallow / (N - 1)
         return LossOutput(total, parts)
 

@@ -275,7 +275,7 @@ class MIC(_AlignedStates, nn.Module):
             raise ValueError(f"the last row of pooled must be the last hidden state {self.num_layers} (L_MRL), "
                              f"got layers {list(out_a.layers)}")
         mrl = self.mrl(out_a.pooled[-1], out_b.pooled[-1], target, generator)
-        parts = {"mrl": mrl.total.item(), **{f"mrl/{k}": v for k, v in mrl.parts.items()}}
+        parts = {"mrl": mrl.total.detach(), **{f"mrl/{k}": v for k, v in mrl.parts.items()}}
         if self.gamma == 0:                              # plain MRL: the regularisers are not even computed
             return LossOutput(mrl.total, parts)
         results = []
@@ -285,11 +285,11 @@ class MIC(_AlignedStates, nn.Module):
                                      self.eps, self.use_scr, self.use_sir, pooled))
         align = sum(r[0] for r in results) / len(results)
         terms = {k: (sum(r[1][k] for r in results) / len(results)).detach() for k in results[0][1]}
-        parts["align"] = align.item()
-        parts.update({f"align/{k}": v.mean().item() for k, v in terms.items() if k not in ("scr", "sir")})
+        parts["align"] = align.detach()
+        parts.update({f"align/{k}": v.mean() for k, v in terms.items() if k not in ("scr", "sir")})
         for k in ("scr", "sir"):
             if k in terms:
-                for layer, row in zip(self.layers, terms[k].tolist()):
+                for layer, row in zip(self.layers, terms[k]):
                     parts.update({f"L{layer}/d{d}/{k}": v for d, v in zip(self.align_dims, row)})
         return LossOutput(mrl.total + self.gamma * align, parts)
 

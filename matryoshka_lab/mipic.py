@@ -301,7 +301,7 @@ class _SelfDistillation:
                 names += [f"pic/L{a}d{x}>L{b}d{y}" for (a, x), (b, y) in pairwise(self.pic_checkpoints)] + ["pic"]
                 values += [chain, chain.sum()[None]]
                 total = total + chain.sum()
-        parts = dict(zip(names, torch.cat(values).detach().float().tolist()))              # one device-to-host copy
+        parts = dict(zip(names, torch.cat(values).detach().float()))                       # detached scalars, no host copy
         return LossOutput(total, parts)
 
 # %% ../nbs/15_mipic.ipynb #11c032
@@ -392,7 +392,7 @@ class MIPIC(_SelfDistillation, nn.Module):
                                  f"{out.layers[-1]}; run the encoder with layers='all'")
         mrl = self.mrl(out_a.pooled[-1], out_b.pooled[-1], target, generator)
         parts = {f"mrl/{k}": v for k, v in mrl.parts.items()}
-        parts["mrl"] = mrl.total.item()
+        parts["mrl"] = mrl.total.detach()
         total = self.alpha * mrl.total
         if self.alpha < 1 and (self.use_sia or self.use_pic):
             reg = [self.self_distillation(out) for out in ((out_a,) if self.views == "a" else (out_a, out_b))]

@@ -126,7 +126,7 @@ class MatryoshkaLabLoss(nn.Module):
             target = tuple(t.to(encoder.device) for t in target)
         self.last = self._loss_fn(a, b, target, generator=self.generator)
         if not torch.isfinite(self.last.total):
-            raise FloatingPointError(f"{self.config.method} loss is {self.last.total.item()} (parts: {self.last.parts}); "
+            raise FloatingPointError(f"{self.config.method} loss is {self.last.total.item()} (parts: {self.last.floats()}); "
                                      f"lower the learning rate or check the data")
         return self.last.total
 

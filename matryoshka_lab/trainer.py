@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +24,11 @@ from tqdm.auto import tqdm
 
 from .checkpoint import export_model, load_checkpoint, resume_checkpoint, save_checkpoint
 from .config import TrainConfig, config_changes, load_config, make_config
-from .core import parse_dims, resolve_data_dir, resolve_device, seed_everything
+from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
 from .data import PairData, STSData, load_task
 from .distributed import Dist, init_distributed
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
-from .losses import get_objective
+from .losses import get_objective, read_floats
 from .methods import Callback, CancelFit, LossContext, TrainData, get_method
 from .runs import RunInUse, RunLock, RunLog, read_run, run_holder
 
@@ -79,21 +80,37 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
     return method.build(ctx, method.check_options(cfg.loss_options))
 
 # %% ../nbs/12_trainer.ipynb #08c012y
-def method_view(method, encoder: Encoder, side, max_length: int = 32, dist: Dist = Dist()):
-    "One side of a batch (texts, or tokenizer tensors) encoded as `method`'s loss takes it, gathered over processes."
-    inputs = (encoder.tokenize(list(side), max_length) if isinstance(side, (list, tuple))
-              else {k: v for k, v in side.items() if isinstance(v, torch.Tensor)})
-    if not method.needs_tokens:                       # pooled [L+1, B, D]
-        return dist.gather(encoder(**inputs).pooled.float())
-    out = encoder(**inputs, tokens=True)              # an EncoderOutput with every layer's token states
+def _tensors(encoder: Encoder, side, max_length: int) -> dict:
+    "One side's model inputs: its texts tokenised, or the tensors of an already tokenised batch."
+    return (encoder.tokenize(list(side), max_length) if isinstance(side, (list, tuple))
+            else {k: v for k, v in side.items() if isinstance(v, torch.Tensor)})
+
+def _as_method_takes(method, out: EncoderOutput, dist: Dist):
+    "One view's EncoderOutput as `method`'s loss takes it (pooled [L+1, B, D], or with token states), gathered over processes."
+    if not method.needs_tokens:
+        return dist.gather(out.pooled.float())
     return EncoderOutput(pooled=dist.gather(out.pooled.float()), layers=out.layers,
                          attention_mask=dist.gather_padded(out.attention_mask, 0, 1),
                          hidden=dist.gather_padded(out.hidden.float(), 1, 2))
 
-def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dist = Dist()):
-    "The views (a, b) of one batch for `method`'s loss: each side encoded once (method_view); one pass when method.single_view."
-    va = method_view(method, encoder, a, max_length, dist)
-    return va, va if method.single_view else method_view(method, encoder, b, max_length, dist)
+def method_view(method, encoder: Encoder, side, max_length: int = 32, dist: Dist = Dist()):
+    "One side of a batch (texts, or tokenizer tensors) encoded as `method`'s loss takes it, gathered over processes."
+    out = encoder(**_tensors(encoder, side, max_length), tokens=method.needs_tokens)
+    return _as_method_takes(method, out, dist)
+
+def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dist = Dist(), one_pass: bool | None = None):
+    "The views (a, b) of one batch for `method`'s loss: each side encoded once (method_view), one pass when method.single_view; `one_pass` (default: off the CPU) runs two views of the same tokens (b is a) as one pass of the doubled batch."
+    if method.single_view:
+        va = method_view(method, encoder, a, max_length, dist)
+        return va, va
+    if b is a and (encoder.device.type != "cpu" if one_pass is None else one_pass):
+        inputs = _tensors(encoder, a, max_length)
+        out = encoder(**{k: torch.cat([v, v]) for k, v in inputs.items()}, tokens=method.needs_tokens)
+        n = out.attention_mask.shape[0] // 2
+        return tuple(_as_method_takes(method, EncoderOutput(out.pooled[:, rows], out.layers, out.attention_mask[rows],
+                                                            None if out.hidden is None else out.hidden[:, rows]), dist)
+                     for rows in (slice(0, n), slice(n, None)))
+    return method_view(method, encoder, a, max_length, dist), method_view(method, encoder, b, max_length, dist)
 
 def batch_target(rows, device) -> torch.Tensor | tuple | None:
     "A batch's target rows (TrainData.rows: None, an array or a tuple of arrays) as tensors on device."
@@ -162,7 +179,7 @@ class CheckpointCallback(Callback):
         if trainer.dist.main:
             save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
                             trainer.scheduler, trainer.loss_gen, self.keep, torch_states=states,
-                            loss_module=trainer.loss_module)
+                            loss_module=trainer.loss_module, scaler=trainer.scaler)
         self.saved = trainer.step
     def after_step(self, trainer):
         if self.every > 0 and trainer.step % self.every == 0:
@@ -215,14 +232,15 @@ def add_callbacks(defaults: list, callbacks=(), drop=()) -> list:
 
 # %% ../nbs/12_trainer.ipynb #08c020
 def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module | None = None):
-    "AdamW (a loss's own parameters at cfg.loss_lr; no decay on those flagged no_weight_decay) and its warm-up schedule."
+    "AdamW (a loss's own parameters at cfg.loss_lr; no decay on those flagged no_weight_decay; fused on a GPU) and its warm-up schedule."
     own = {id(p) for p in loss_module.parameters()} if loss_module is not None else set()
     groups = {}                          # (lr, no weight decay) -> parameters
     for p in params:
         lr = cfg.loss_lr if id(p) in own and cfg.loss_lr is not None else cfg.lr
         groups.setdefault((lr, getattr(p, "no_weight_decay", False)), []).append(p)
+    fused = {"fused": True} if params and all(p.device.type == "cuda" for p in params) else {}   # one kernel per step on a GPU
     optimizer = torch.optim.AdamW([{"params": ps, "lr": lr, **({"weight_decay": 0.0} if no_decay else {})}
-                                   for (lr, no_decay), ps in groups.items()], weight_decay=cfg.weight_decay)
+                                   for (lr, no_decay), ps in groups.items()], weight_decay=cfg.weight_decay, **fused)
     from transformers import get_scheduler
     name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[cfg.schedule]
     return optimizer, get_scheduler(name, optimizer, num_warmup_steps=int(cfg.warmup_ratio * cfg.max_steps),
@@ -257,6 +275,10 @@ class Trainer:
         self.params = list(self.encoder.parameters()) + (list(self.loss_module.parameters()) if self.loss_module else [])
         self.loss_gen = torch.Generator().manual_seed(config.seed)
         self.optimizer, self.scheduler = make_optimizer(config, self.params, self.loss_module)
+        # a GPU trains under bf16 autocast, or fp16 with a loss scaler where it lacks bf16; the CPU in float32
+        self.precision = resolve_precision("auto" if config.amp else "fp32", device) if device.type == "cuda" else "fp32"
+        self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+        self._ahead, self._pool = {}, ThreadPoolExecutor(1, thread_name_prefix="matryoshka-batches")
         self.callbacks = add_callbacks(default_callbacks(config, eval_tasks), callbacks, drop)
         self.step, self.out, self.log, self.bar = 0, None, None, None
 
@@ -272,33 +294,60 @@ class Trainer:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + epoch))
         return order[pos * cfg.batch_size:(pos + 1) * cfg.batch_size].tolist()
 
+    def prepare(self, micro: int) -> tuple:
+        "Micro-batch number `micro` on the host: its target rows and this process's tokens of each side (tokenised once when both sides are the same texts, SimCSE's two views), pinned for a GPU."
+        idx = self.batch_indices(micro)                                       # the global micro-batch
+        a, b = self.data.texts(self.dist.shard(idx))
+        side_a = self.encoder.tokenize(a, self.config.max_length, device="cpu")
+        side_b = side_a if b is a or self.method.single_view else self.encoder.tokenize(b, self.config.max_length, device="cpu")
+        if self.encoder.device.type == "cuda":                                # pinned: copied without blocking
+            pinned = {k: v.pin_memory() for k, v in side_a.items()}
+            side_a, side_b = pinned, pinned if side_b is side_a else {k: v.pin_memory() for k, v in side_b.items()}
+        return self.data.rows(idx), side_a, side_b
+
+    def micro_batch(self, micro: int) -> tuple:
+        "prepare(micro), made in a background thread while the micro-batch before it trained; starts on micro + 1."
+        ahead = self._ahead.pop(micro, None)
+        batch = ahead.result() if ahead is not None else self.prepare(micro)
+        self._ahead = {micro + 1: self._pool.submit(self.prepare, micro + 1)}
+        return batch
+
     def train_step(self) -> dict:
-        "One optimizer step over cfg.grad_accum micro-batches; the logged values (loss, its parts, grad_norm, lr)."
+        "One optimizer step over cfg.grad_accum micro-batches; the logged values: loss (a float), its parts and grad_norm (device scalars, read_floats), lr."
         cfg, enc = self.config, self.encoder
-        use_amp = cfg.amp and enc.device.type == "cuda"
         self.optimizer.zero_grad(set_to_none=True)
         parts, total = {}, 0.0
         for m in range(cfg.grad_accum):
-            idx = self.batch_indices((self.step - 1) * cfg.grad_accum + m)     # the global micro-batch
-            target = batch_target(self.data.rows(idx), enc.device)            # the whole batch's: scores, or a method's arrays
-            with torch.autocast(enc.device.type, enabled=use_amp):
-                a, b = method_views(self.method, enc, *self.data.texts(self.dist.shard(idx)), cfg.max_length, self.dist)
+            rows, side_a, side_b = self.micro_batch((self.step - 1) * cfg.grad_accum + m)
+            target = batch_target(rows, enc.device)                           # the whole batch's: scores, or a method's arrays
+            on_device = {k: v.to(enc.device, non_blocking=True) for k, v in side_a.items()}
+            views = (on_device, on_device if side_b is side_a else {k: v.to(enc.device, non_blocking=True) for k, v in side_b.items()})
+            with autocast(self.precision, enc.device):
+                a, b = method_views(self.method, enc, *views, cfg.max_length, self.dist)
                 self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
             self._fire("after_loss")
-            if not torch.isfinite(self.out.total):
-                bad = {k: v for k, v in self.out.parts.items() if not math.isfinite(v)}
-                raise FloatingPointError(f"loss is {self.out.total.item()} at step {self.step} (non-finite parts: {bad or 'none'}). "
-                                         + _diverged(self, gave_loss=True))
-            (self.out.total / cfg.grad_accum).backward()
-            total += self.out.total.item() / cfg.grad_accum
-            for k, v in self.out.parts.items():
+            loss = self.out.total / cfg.grad_accum
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total = total + loss.detach()
+            for k, v in self.out.parts.items():                               # on the device: read once a log step
                 parts[k] = parts.get(k, 0.0) + v / cfg.grad_accum
         self.dist.average_grads(self.params)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)                              # clipped and reported unscaled
         self._fire("after_backward")
         norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        self.optimizer.step()
+        loss = float(total)                                                   # the step's one wait for the device
+        if not math.isfinite(loss):                                           # before the optimizer touches the weights
+            bad = {k: v for k, v in read_floats(parts).items() if not math.isfinite(v)}
+            raise FloatingPointError(f"loss is {loss} at step {self.step} (non-finite parts: {bad or 'none'}). "
+                                     + _diverged(self, gave_loss=True))
+        if self.scaler is not None:                                           # skips a step whose fp16 gradients overflowed
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
-        return {"loss": total, **parts, "grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
+        return {"loss": loss, **parts, "grad_norm": norm, "lr": self.scheduler.get_last_lr()[0]}
 
     def fit(self) -> "Trainer":
         "Train to cfg.max_steps as the run directory's one writer, resuming from its newest intact checkpoint when there is one."
@@ -317,7 +366,7 @@ class Trainer:
             ckpt = resume_checkpoint(run_dir, main)
             if ckpt is not None:
                 self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
-                                            self.loss_module)
+                                            self.loss_module, self.scaler)
             # one writer; records after the step it starts from belong to an attempt that died, and are written again
             self.log = RunLog(run_dir, config=cfg.to_dict(), keep_until=self.step) if main else None
             self._loop()
@@ -346,7 +395,7 @@ class Trainer:
                     self._fire("before_step")
                     values = self.train_step()
                     if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
-                        self.log.log_many(self.step, values)
+                        self.log.log_many(self.step, read_floats(values))              # one copy from the device
                     bar.update(1)
                     bar.set_postfix(loss=f"{values['loss']:.4f}")
                     self._fire("after_step")

@@ -336,3 +336,57 @@ def test_a_callback_of_ones_own_is_added_to_the_defaults(tiny_encoder, tmp_path)
     assert [(type(c).__name__, c.every) for c in trainer.callbacks] == [("CheckpointCallback", 3)]   # one, not two
     with pytest.raises(TypeError, match="drop takes Callback classes"):
         Trainer(cfg("bad"), encoder=tiny_encoder("bert"), data=data, drop=["CheckpointCallback"], progress=False)
+
+
+def counting_tokenize(encoder):
+    "Wrap encoder.tokenize to record the texts of every call."
+    calls, tokenize = [], encoder.tokenize
+    def counted(texts, *args, **kwargs):
+        calls.append(list(texts))
+        return tokenize(texts, *args, **kwargs)
+    encoder.tokenize = counted
+    return calls
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["simcse", "pairs"])
+def test_a_step_tokenises_each_text_once_and_reads_the_device_once(pairs, tiny_encoder, tmp_path):
+    "SimCSE's two views share one tokenisation; the next batch is prepared ahead; parts stay on the device until logged."
+    texts = [f"sentence number {i}" for i in range(40)]
+    data = TrainData(texts, [t + " again" for t in texts] if pairs else None)
+    cfg = make_config({"run_dir": str(tmp_path), "max_steps": 3, "batch_size": 4, "dims": [8, 32], "eval_every": -1,
+                       "objective": "infonce"})
+    trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, progress=False, drop=(Callback,))
+    calls = counting_tokenize(trainer.encoder)
+    trainer.encoder.train()
+    for step in (1, 2, 3):
+        trainer.step = step
+        values = trainer.train_step()
+    per_batch = 2 if pairs else 1
+    assert len(calls) == per_batch * 4                       # three steps and the next one ahead
+    first = [texts[i] for i in trainer.batch_indices(0)]
+    assert calls[0] == first and (calls[1] == [t + " again" for t in first] if pairs else True)
+    assert isinstance(values["loss"], float) and isinstance(values["grad_norm"], torch.Tensor)
+    assert all(isinstance(v, torch.Tensor) for k, v in values.items() if k.startswith("L"))
+
+
+def test_the_fp16_path_scales_the_loss_and_matches_float32_where_nothing_overflows(tiny_encoder, tmp_path):
+    "A GPU without bf16 trains under fp16 autocast with a GradScaler: run here on the CPU's fp16 autocast."
+    data = TrainData([f"sentence number {i}" for i in range(40)])
+    def run(fp16):
+        cfg = make_config({"run_dir": str(tmp_path / str(fp16)), "max_steps": 3, "batch_size": 4, "dims": [8, 32],
+                           "eval_every": -1, "seed": 1})
+        torch.manual_seed(0)
+        trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, progress=False, drop=(Callback,))
+        assert trainer.precision == "fp32" and trainer.scaler is None          # the CPU trains in float32
+        if fp16:
+            trainer.precision, trainer.scaler = "fp16", torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        trainer.encoder.train()
+        values = []
+        for step in (1, 2, 3):
+            trainer.step = step
+            values.append(trainer.train_step())
+        return [v["loss"] for v in values], [float(v["grad_norm"]) for v in values], trainer
+    (ref, ref_norm, _), (got, norm, fp16) = run(False), run(True)
+    assert fp16.scaler.get_scale() == 2.0 ** 8               # no step skipped: every scaled gradient was finite
+    assert got != ref and got == pytest.approx(ref, rel=2e-2)   # fp16 numbers of the same three steps
+    assert norm == pytest.approx(ref_norm, rel=5e-2)          # clipped and reported unscaled (x256 if not)
