@@ -1,7 +1,7 @@
 """Encoding throughput against the machine's limit, measured side by side in one run.
 
-    python bench/encode.py [--data-dir DIR] [--n 3000] [--batch-size 64] [--rounds 3] [--other-batch-sizes 16 256]
-                           [--out results/bench/encode.json]
+    python bench/encode.py [--data-dir DIR] [--model embedded] [--device cpu] [--n 3000] [--batch-size 64] [--rounds 3]
+                           [--other-batch-sizes 16 256] [--out results/bench/encode.json]
 
 On the same texts (the first N distinct STS-B test and dev sentences) and batch size, interleaved round by round
 (the machine's speed drifts), median of --rounds:
@@ -12,11 +12,17 @@ Alternatives timed in the same rounds: the other attention implementation (fp32 
 CPU eager attention: encoder.BF16_CPU_ATTENTION), and other batch sizes.
 The roofline: the transformer's FLOPs for the texts, per layer and token 8 D^2 (the four attention projections)
 + 4 D I (the feed-forward, width I) + 4 T D (scores and weighted sum over T tokens), divided by the time, against
-the FLOP rate of matmuls of the same precision measured in the same run: a large square one (the cores' peak) and
-one of the model's own shape (a batch's tokens x D times D x I). "Useful" FLOPs count each text's own tokens;
-"executed" FLOPs count the padded batches our encoder runs. Where the rest of the time goes: tokenisation, and a
-torch.profiler breakdown of one pass by operator. Scores: STS-B test Spearman at every hidden state x prefix dim in
-both precisions (the largest difference). The last line is one JSON object; --out also writes it with what made it.
+the FLOP rate of matmuls of the same precision: a large square one (the cores' peak) and one of the model's own shape
+(a batch's tokens x D times D x I). Both are trials interleaved with the passes (trial, pass, trial, ..., trial: one in
+the pass's precision before each ours_fp32 and ours_bf16 pass, one of each after the last round), each the best of a few
+calls; the peak is the best
+trial, and the spread (min / median / max) of the trials and of the pass's own rate is reported: a single matmul
+measured once after the passes gave fractions of 0.61 to 1.44 on the same machine. "Useful" FLOPs count each text's
+own tokens; "executed" FLOPs count the padded batches our encoder runs. Where the rest of the time goes: tokenisation,
+and a torch.profiler breakdown of one pass by operator. Scores: STS-B test Spearman at every hidden state x prefix dim in
+both precisions (the largest difference). Everything runs on --device (default: CUDA when present; there the profile
+shares out GPU time and the clocks wait for the GPU), the weights upcast to float32 after loading. The last line is one JSON
+object; --out also writes it with what made it.
 """
 import argparse
 import json
@@ -28,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from matryoshka_lab.core import cpu_has_native_bf16, provenance
+from matryoshka_lab.core import cpu_has_native_bf16, provenance, resolve_device
 from matryoshka_lab.data import load_task
 from matryoshka_lab import encoder as encoder_module
-from matryoshka_lab.encoder import Encoder, embedded_model_path
+from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.eval import evaluate
 
 DIMS = "16,32,64,128,256,384"
@@ -51,16 +57,32 @@ def flops(enc: Encoder, lengths: list[int], batch_size: int) -> tuple[float, flo
     return float(useful), float(executed)
 
 
-def matmul_rate(m: int, k: int, n: int, dtype, repeats: int = 5) -> float:
-    "Best FLOP/s of an [m, k] @ [k, n] matmul in dtype over `repeats` timed calls (after a warm-up)."
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+def clock(device):
+    "perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def matmul_trial(m: int, k: int, n: int, dtype, device, repeats: int = 3):
+    "A trial: () -> the best FLOP/s of [m, k] @ [k, n] in dtype over `repeats` timed calls (operands made and warmed once)."
+    a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
+    calls = 1 if device.type == "cpu" else 20     # a GPU matmul takes microseconds: time a run of calls
     a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * m * k * n / best
+    def trial():
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = clock(device)
+            for _ in range(calls):
+                a @ b
+            best = min(best, clock(device) - t0)
+        return 2.0 * m * k * n * calls / best
+    return trial
+
+
+def spread(values) -> dict:
+    "min / median / max of GFLOP/s values given in FLOP/s."
+    return {k: round(f(values) / 1e9, 1) for k, f in (("min", min), ("median", statistics.median), ("max", max))}
 
 
 def with_bf16_attention(implementation, run):
@@ -73,19 +95,23 @@ def with_bf16_attention(implementation, run):
 
 
 def profile_ops(enc: Encoder, texts: list[str], batch_size: int, precision: str, top: int = 6) -> list[tuple[str, float]]:
-    "Share of CPU time by operator over one encode pass of `texts` (the `top` largest)."
+    "Share of time by operator over one encode pass of `texts` (the `top` largest): CPU time, on CUDA the GPU's."
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = enc.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         enc.encode(texts, batch_size=batch_size, layers="-1", progress=False, precision=precision)
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    rows = sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda r: -r[1])
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    total = sum(own(e) for e in events)
+    rows = sorted(((e.key, own(e) / total) for e in events), key=lambda r: -r[1])
     return [(k, round(v, 3)) for k, v in rows[:top]]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--model", default="embedded", help="embedded, or a model folder (bench/device_payload.py's model/)")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--n", type=int, default=3000, help="texts (distinct STS-B test and dev sentences)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
@@ -97,49 +123,63 @@ def main():
     test, dev = load_task("stsb", args.data_dir), load_task("stsb_dev", args.data_dir)
     pool = [s for t in (test, dev) for s in t.test.sentence1 + t.test.sentence2]
     texts = list(dict.fromkeys(pool))[:args.n]
-    enc = Encoder.from_pretrained("embedded")
+    device = resolve_device(args.device)
+    load = lambda **kw: Encoder.from_pretrained(args.model, device=device, **kw).float()   # fp16 folders: fp32 weights
+    enc = load()
     from sentence_transformers import SentenceTransformer
-    st = SentenceTransformer(str(embedded_model_path()), device="cpu")
+    st = SentenceTransformer(resolve_model(args.model), device=str(device)).float()
     st.max_seq_length = enc.max_length
     lengths = [len(ids) for ids in enc.tokenizer(texts, truncation=True, max_length=enc.max_length)["input_ids"]]
     useful, executed = flops(enc, lengths, args.batch_size)
     print(f"{len(texts)} texts, {sum(lengths)} tokens (mean {sum(lengths) / len(texts):.1f}); batch {args.batch_size}; "
-          f"torch threads {torch.get_num_threads()}; native bf16: {cpu_has_native_bf16()}")
+          f"torch threads {torch.get_num_threads()}; native bf16: {cpu_has_native_bf16()}; device {device}")
 
     ours = lambda e, prec, bs: (lambda: e.encode(texts, batch_size=bs, layers="-1", progress=False, precision=prec))
     runs = {"ours_fp32": ours(enc, "fp32", args.batch_size), "ours_bf16": ours(enc, "bf16", args.batch_size),
             "st_fp32": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False)}
     # the alternatives: the other attention implementation (fp32 runs SDPA; bf16 on the CPU eager, BF16_CPU_ATTENTION),
     # and other batch sizes
-    runs["ours_fp32_eager_attention"] = ours(Encoder.from_pretrained("embedded", attn_implementation="eager"), "fp32",
-                                             args.batch_size)
+    runs["ours_fp32_eager_attention"] = ours(load(attn_implementation="eager"), "fp32", args.batch_size)
     runs["ours_bf16_sdpa_attention"] = lambda: with_bf16_attention(None, ours(enc, "bf16", args.batch_size))
     for prec in ("fp32", "bf16"):
         for bs in args.other_batch_sizes:
             runs[f"ours_{prec}_batch{bs}"] = ours(enc, prec, bs)
+    D, I = enc.hidden_size, enc.model.config.intermediate_size
+    tokens_per_batch = args.batch_size * round(sum(lengths) / len(lengths))
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    # the matmul trials, one before each of the roofline's passes (ours_fp32, ours_bf16) and one after the last
+    trials = {prec: {"peak": matmul_trial(2048, 2048, 2048, dtype, device),
+                     "shaped": matmul_trial(tokens_per_batch, D, I, dtype, device)} for prec, dtype in dtypes.items()}
+    rates = {prec: {kind: [] for kind in ("peak", "shaped")} for prec in dtypes}
+    def trial(prec):
+        for kind, fn in trials[prec].items():
+            rates[prec][kind].append(fn())
+
     times = {name: [] for name in runs}
     names = list(runs)
     for r in range(args.rounds):             # interleaved, the order rotating: a slow minute hits every setup
         for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
+            if name in ("ours_fp32", "ours_bf16"):
+                trial(name.split("_")[1])
+            t0 = clock(device)
             runs[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock(device) - t0)
         print(f"  round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f}s" for n in names[:3]))
+    for prec in dtypes:
+        trial(prec)
     med = {n: statistics.median(v) for n, v in times.items()}
 
     t0 = time.perf_counter()
     enc.tokenizer(texts, truncation=True, max_length=enc.max_length, padding=False)
     tokenize_s = time.perf_counter() - t0
 
-    D, I = enc.hidden_size, enc.model.config.intermediate_size
-    tokens_per_batch = args.batch_size * round(sum(lengths) / len(lengths))
-    peak = {name: matmul_rate(2048, 2048, 2048, dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    shaped = {name: matmul_rate(tokens_per_batch, D, I, dtype) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    rate = {prec: useful / med[f"ours_{prec}"] for prec in ("fp32", "bf16")}
+    peak = {prec: max(r["peak"]) for prec, r in rates.items()}
+    shaped = {prec: max(r["shaped"]) for prec, r in rates.items()}
+    rate = {prec: useful / med[f"ours_{prec}"] for prec in dtypes}
 
     ops = {prec: profile_ops(enc, texts[:512], args.batch_size, prec) for prec in ("fp32", "bf16")}
 
-    scores = {prec: evaluate(Encoder.from_pretrained("embedded", precision=prec), ["stsb"], layers="all", dims=DIMS,
+    scores = {prec: evaluate(load(precision=prec), ["stsb"], data_dir=args.data_dir, layers="all", dims=DIMS,
                              progress=False).set_index(["layer", "dim"]).value for prec in ("fp32", "bf16")}
     diff = (scores["bf16"] - scores["fp32"]).abs()
     worst = diff.idxmax()
@@ -162,6 +202,11 @@ def main():
         "gflops_matmul_peak": {prec: round(v / 1e9, 1) for prec, v in peak.items()},
         "gflops_matmul_model_shape": {prec: round(v / 1e9, 1) for prec, v in shaped.items()},
         "model_shape_matmul": [tokens_per_batch, D, I],
+        "matmul_trials": len(rates["fp32"]["peak"]),
+        "gflops_matmul_peak_spread": {prec: spread(r["peak"]) for prec, r in rates.items()},
+        "gflops_matmul_model_shape_spread": {prec: spread(r["shaped"]) for prec, r in rates.items()},
+        "gflops_useful_per_s_spread": {prec: spread([useful / t for t in times[f"ours_{prec}"]]) for prec in dtypes},
+        "device": str(device),
         "padding_overhead": round(executed / useful - 1, 4),
         "tokenize_share_fp32": round(tokenize_s / med["ours_fp32"], 3),
         "top_ops": ops,
@@ -170,10 +215,15 @@ def main():
     }
     print(f"bf16 / fp32 throughput {result['bf16_over_fp32_throughput']}x (goal >= 1.4); ours / sentence-transformers "
           f"{result['ours_over_st_throughput']}x (goal >= 1.5)")
-    for prec in ("fp32", "bf16"):
+    for prec in dtypes:
         print(f"{prec}: {rate[prec] / 1e9:.1f} useful GFLOP/s = {result[f'fraction_of_matmul_peak_{prec}']:.0%} of a 2048^3 "
               f"matmul ({peak[prec] / 1e9:.1f}), {result[f'fraction_of_shaped_matmul_{prec}']:.0%} of a {tokens_per_batch}x{D}x{I} one "
               f"({shaped[prec] / 1e9:.1f}); largest ops " + ", ".join(f"{k} {v:.0%}" for k, v in ops[prec][:4]))
+        print(f"  spread (GFLOP/s, min / median / max): the pass "
+              + " / ".join(map(str, result["gflops_useful_per_s_spread"][prec].values()))
+              + f"; {result['matmul_trials']} interleaved trials: 2048^3 "
+              + " / ".join(map(str, result["gflops_matmul_peak_spread"][prec].values()))
+              + ", model shape " + " / ".join(map(str, result["gflops_matmul_model_shape_spread"][prec].values())))
     print(f"padding adds {result['padding_overhead']:.1%} FLOPs; tokenisation is {result['tokenize_share_fp32']:.1%} of the fp32 pass; "
           f"largest STS-B score difference bf16 vs fp32 {result['max_score_diff_bf16_vs_fp32']} ({result['max_score_diff_cell']})")
     print("alternatives, throughput / the default's: " + ", ".join(f"{k} {v}x" for k, v in result["alternatives_over_default"].items()))

@@ -1,6 +1,7 @@
 """Cost of the layer x dim evaluation grid, measured side by side in one run.
 
-    python bench/eval_grid.py [--data-dir DIR] [--model embedded] [--repeats 2] [--naive-pairs 300] [--out FILE.json]
+    python bench/eval_grid.py [--data-dir DIR] [--model embedded] [--device cpu] [--repeats 2] [--naive-pairs 300]
+                              [--out FILE.json]
 
 Three ways to get the same STS numbers:
   forward  a plain forward pass: last hidden state only, mean pooled (what any encoder user runs once);
@@ -8,9 +9,10 @@ Three ways to get the same STS numbers:
   naive    re-encode per (layer, dim) cell, as per-dimension evaluators elsewhere do (one pass per cell).
 forward and grid run on every distinct sentence of the STS tasks (STS-B, SICK-R, STS12-16), alternating in chunks of
 --chunk sentences (the machine's speed drifts), averaged over --repeats passes; grid time = its encoding plus the
-scoring of all cells. naive is timed on the first --naive-pairs STS-B pairs against the grid on the same pairs, since 42 passes
-over all sentences would take most of an hour. The last line is one JSON object; --out also writes it with what made it
-(results/bench/eval_grid.json is RESULTS.md's).
+scoring of all cells. naive is timed on the first --naive-pairs STS-B pairs against the grid on the same pairs, since 42
+passes over all sentences would take most of an hour. All three run on --device (default: CUDA when present) in the
+precision Encoder.encode resolves there (float32 on the CPU), the weights upcast to float32 after loading. The last
+line is one JSON object; --out also writes it with what made it (results/bench/eval_grid.json is RESULTS.md's).
 """
 import argparse
 import json
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from matryoshka_lab.core import provenance
+from matryoshka_lab.core import autocast, provenance, resolve_precision
 from matryoshka_lab.data import STSData, Task, load_task, task_spec
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import evaluate, prefix_normalize, score_task, spearman_columns, task_texts
@@ -30,15 +32,26 @@ STS = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
 DIMS = [16, 32, 64, 128, 256, 384]
 
 
+def forward_precision(enc):
+    "The autocast context Encoder.encode runs its forward in on enc's device (none for float32)."
+    return autocast(resolve_precision(enc.precision, enc.device), enc.device)
+
+
+def sync(device):
+    if device.type == "cuda":                # CUDA kernels run asynchronously: wait before reading a clock
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def plain_forward(enc, texts, batch_size):
     "Last layer only, mean pooled, no hidden states kept: the baseline cost of embedding the sentences once."
-    out = torch.empty(len(texts), enc.hidden_size)
-    for idx, batch in enc.batches(texts, batch_size):   # the same tokenisation and batching as Encoder.encode
-        h = enc.model(**batch).last_hidden_state
-        m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
-        out[idx] = (h * m).sum(1) / m.sum(1).clamp_min(1)
-    return out
+    out = torch.empty(len(texts), enc.hidden_size, device=enc.device)   # on the device: one copy to the host, at the end
+    with forward_precision(enc):
+        for idx, batch in enc.batches(texts, batch_size):   # the same tokenisation and batching as Encoder.encode
+            h = enc.model(**batch).last_hidden_state.float()
+            m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
+            out[idx] = (h * m).sum(1) / m.sum(1).clamp_min(1)
+    return out.cpu()
 
 
 @torch.no_grad()
@@ -49,20 +62,23 @@ def naive_grid(enc, data, layers, dims, batch_size):
         for d in dims:
             vecs = []
             for part in (data.sentence1, data.sentence2):
-                e = torch.empty(len(part), d)
-                for idx, batch in enc.batches(part, batch_size):
-                    h = enc.model(**batch, output_hidden_states=True).hidden_states[layer]
-                    m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
-                    e[idx] = prefix_normalize((h * m).sum(1) / m.sum(1).clamp_min(1), d)
-                vecs.append(e)
+                e = torch.empty(len(part), d, device=enc.device)
+                with forward_precision(enc):
+                    for idx, batch in enc.batches(part, batch_size):
+                        h = enc.model(**batch, output_hidden_states=True).hidden_states[layer].float()
+                        m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
+                        e[idx] = prefix_normalize((h * m).sum(1) / m.sum(1).clamp_min(1), d)
+                vecs.append(e.cpu())
             cos = (vecs[0] * vecs[1]).sum(1, keepdim=True).double().numpy()
             scores[layer, d] = 100 * spearman_columns(cos, data.score)[0]
     return scores
 
 
-def timed(fn):
+def timed(fn, device):
+    sync(device)
     t0 = time.perf_counter()
     out = fn()
+    sync(device)
     return time.perf_counter() - t0, out
 
 
@@ -70,6 +86,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", default="embedded")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--chunk", type=int, default=2000, help="sentences per alternation")
@@ -78,7 +95,9 @@ def main():
     args = p.parse_args()
     made = provenance("python bench/eval_grid.py " + shlex.join(sys.argv[1:]))    # the code that runs: its commit now
 
-    enc = Encoder.from_pretrained(args.model)
+    enc = Encoder.from_pretrained(args.model, device=args.device)
+    enc.model.float()                         # a folder saved in fp16 (bench/device_payload.py): float32 weights
+    dev = enc.device
     layers = list(range(enc.num_layers + 1))
     dims = [d for d in DIMS if d <= enc.hidden_size]
     tasks = [load_task(t, args.data_dir) for t in STS]
@@ -96,9 +115,10 @@ def main():
         for c, chunk in enumerate(chunks):
             for which in (("fwd", "grid") if (c + r) % 2 == 0 else ("grid", "fwd")):
                 if which == "fwd":
-                    t_fwd += timed(lambda: plain_forward(enc, chunk, args.batch_size))[0]
+                    t_fwd += timed(lambda: plain_forward(enc, chunk, args.batch_size), dev)[0]
                 else:
-                    t, e = timed(lambda: enc.encode(chunk, batch_size=args.batch_size, layers="all", progress=False))
+                    t, e = timed(lambda: enc.encode(chunk, batch_size=args.batch_size, layers="all", progress=False),
+                                 dev)
                     t_enc += t
                     parts.append(e)
         emb = torch.cat(parts, dim=1)
@@ -108,17 +128,18 @@ def main():
     t_score = 0.0
     for t in tasks:
         idx = [pos[s] for s in task_texts(t)]
-        t_score += timed(lambda: score_task(t, emb[:, idx], dims))[0]
+        t_score += timed(lambda: score_task(t, emb[:, idx], dims), dev)[0]
     grid = enc_time + t_score
-    t_eval, _ = timed(lambda: evaluate(enc, tasks, layers="all", dims=dims, batch_size=args.batch_size, progress=False))
+    t_eval, _ = timed(lambda: evaluate(enc, tasks, layers="all", dims=dims, batch_size=args.batch_size, progress=False),
+                      dev)
     print(f"  grid = encode {enc_time:.1f}s + score {t_score:.1f}s; one evaluate() call end to end: {t_eval:.1f}s")
 
     stsb = tasks[0].test
     n = min(args.naive_pairs, len(stsb))
     sub = STSData(stsb.sentence1[:n], stsb.sentence2[:n], stsb.score[:n])
     t_sub_grid, sub_df = timed(lambda: evaluate(enc, [Task(task_spec("stsb"), sub)], layers="all", dims=dims,
-                                                 batch_size=args.batch_size, progress=False))
-    t_naive, naive = timed(lambda: naive_grid(enc, sub, layers, dims, args.batch_size))
+                                                 batch_size=args.batch_size, progress=False), dev)
+    t_naive, naive = timed(lambda: naive_grid(enc, sub, layers, dims, args.batch_size), dev)
     worst = max(abs(sub_df[(sub_df.layer == l) & (sub_df.dim == d)].value.item() - v) for (l, d), v in naive.items())
 
     result = {

@@ -1,6 +1,7 @@
 """Cost of the Fractal head on cached backbone vectors vs re-encoding the frozen backbone every epoch, side by side.
 
-    python bench/fractal_cache.py [--data-dir DIR] [--model embedded] [--n 2000] [--epochs 5] [--rounds 3] [--cache-dir DIR]
+    python bench/fractal_cache.py [--data-dir DIR] [--model embedded] [--device cpu] [--n 2000] [--epochs 5] [--rounds 3]
+                                  [--cache-dir DIR]
 
 The Fractal reproduction (matryoshka_lab.fractal) trains a linear head on a FROZEN backbone, so the backbone's last-layer
 pooled vectors are computed once and cached on disk by matryoshka_lab.encoder.encode_cached, keyed by the model's
@@ -18,6 +19,8 @@ over rounds. The two variants are then
 The head's work is the same in both, so it is timed once per round and shared. All cache files go to a fresh folder
 (inside --cache-dir if given, else the system temp dir) that is deleted at the end: the user's cache is not touched.
 The head's batches are tiny (16 x 384): on a busy 2-core machine --threads 1 can make it several times faster.
+The backbone runs on --device (default: CUDA when present; the clocks wait for it); the head trains on the CPU, where
+fractal_runner.train_head keeps it.
 Without a data directory (--data-dir or $MATRYOSHKA_LAB_DATA) the generated builtin_intents corpus stands in (at most
 390 short texts): a smoke test, not a measurement of CLINC. The last line is one JSON object.
 """
@@ -33,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from matryoshka_lab.core import DATA_ENV, resolve_data_dir
+from matryoshka_lab.core import DATA_ENV, resolve_data_dir, resolve_device
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, encode_cached
 from matryoshka_lab.fractal_runner import PROTOCOLS, encode_levels, fractal_config, stratified_split, train_head
@@ -46,9 +49,13 @@ REAL_CMD = ("time matryoshka-lab fractal --model embedded --data-dir $MATRYOSHKA
             "--conditions v5,mrl --max-train 10000 --max-test 2000 --out /tmp/x.json")
 
 
-def timed(fn):
+def timed(fn, device):
+    "(seconds, fn()); on CUDA the clocks are read once the GPU's queued work is done."
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    sync()
     t0 = time.perf_counter()
     out = fn()
+    sync()
     return time.perf_counter() - t0, out
 
 
@@ -76,6 +83,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     p.add_argument("--model", default="embedded")
+    p.add_argument("--device", default=None, help="the backbone's (default: cuda when available, else cpu)")
     p.add_argument("--n", type=int, default=2000, help="texts (default 2000)")
     p.add_argument("--epochs", type=int, default=5, help="head epochs E (default 5, the paper's)")
     p.add_argument("--rounds", type=int, default=3)
@@ -100,7 +108,8 @@ def main():
     kept, held = stratified_split(y[1].numpy(), 0.1, args.seed)       # train / validation rows, as run_fractal
     tr, va = torch.as_tensor(kept), torch.as_tensor(held)
     cfg = fractal_config(args.protocol, condition="v5", seed=args.seed, epochs=args.epochs)
-    load_s, enc = timed(lambda: Encoder.from_pretrained(args.model))
+    device = resolve_device(args.device)
+    load_s, enc = timed(lambda: Encoder.from_pretrained(args.model, device=device).float(), device)   # fp16 folders too
     print(f"{source}: {n} texts ({len(tr)} train + {len(va)} validation rows), {n_classes[0]} coarse / {n_classes[1]} "
           f"fine classes; model {args.model!r} ({enc.pooling} pooling, max_length {enc.max_length}, loaded in "
           f"{load_s:.1f}s); head {cfg.condition}, {cfg.epochs} epochs, batch {cfg.batch_size}; torch threads "
@@ -111,7 +120,7 @@ def main():
         # backbone_vectors' call: last layer, the model's own pooling and max length (None -> the encoder's defaults)
         cached = lambda folder: encode_cached(args.model, texts, layers=[-1], cache_dir=folder, encoder=enc,
                                               progress=False)[0]
-        t_warm, h = timed(lambda: cached(work / "hit"))                 # warm-up miss; later calls to this folder hit
+        t_warm, h = timed(lambda: cached(work / "hit"), device)         # warm-up miss; later calls to this folder hit
         head = lambda: train_head(cfg, h[tr], y[:, tr], h[va], y[:, va], n_classes)
         train_head(fractal_config(args.protocol, condition="v5", seed=args.seed, epochs=1), h[tr][:64], y[:, tr[:64]], h[va], y[:, va],
                    n_classes)                                           # warm-up: first-call overheads of the head
@@ -121,7 +130,7 @@ def main():
 
         def miss(r):
             folder = work / f"miss{r}"
-            t = timed(lambda: cached(folder))[0]
+            t = timed(lambda: cached(folder), device)[0]
             shutil.rmtree(folder)
             return t
 
@@ -129,13 +138,13 @@ def main():
         for r in range(args.rounds):
             for part in PARTS[r % len(PARTS):] + PARTS[:r % len(PARTS)]:
                 if part == "hit":
-                    times[part].append(timed(lambda: cached(work / "hit"))[0])
+                    times[part].append(timed(lambda: cached(work / "hit"), device)[0])
                 elif part == "miss":
                     times[part].append(miss(r))
                 elif part == "encode":
-                    times[part].append(timed(lambda: enc.encode(texts, layers=[-1], progress=False))[0])
+                    times[part].append(timed(lambda: enc.encode(texts, layers=[-1], progress=False), device)[0])
                 else:
-                    times[part].append(timed(head)[0])
+                    times[part].append(timed(head, device)[0])
             print(f"  round {r + 1}: " + "  ".join(f"{k} {times[k][-1]:.3f}s" for k in PARTS), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

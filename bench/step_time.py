@@ -1,10 +1,11 @@
 """Training-step time of the Matryoshka losses, measured side by side in one run.
 
-    python bench/step_time.py [--model embedded] [--batch-size 32] [--max-length 32] [--rounds 12] [--out FILE]
+    python bench/step_time.py [--model embedded] [--device cpu] [--batch-size 32] [--max-length 32] [--rounds 12] [--out FILE]
 
 One step = encode both sides of a batch of (anchor, positive) pairs, the loss, backward, an AdamW step, on one fixed
 batch shape. Every round times one step of each setup in turn (the order rotates), so the machine's drift hits all
-alike; each setup's figure is its median over rounds. Setups:
+alike; each setup's figure is its median over rounds. Everything runs on --device (default: CUDA when present), in
+float32 (weights upcast after loading); on CUDA each clock read waits for the GPU. Setups:
   base        ours, InfoNCE on the full embedding (no Matryoshka)
   mrl         ours, MRL over dims 16..384 (InfoNCE on every prefix of the one embedding)
   2dmse       ours, 2DMSE (last + one sampled layer, full + one sampled prefix, KL alignment)
@@ -34,7 +35,7 @@ import torch
 
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
-from matryoshka_lab.core import git_commit
+from matryoshka_lab.core import git_commit, resolve_device
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.methods import get_method
 from matryoshka_lab.mic import MIC
@@ -58,6 +59,13 @@ def ours(enc, method, loss, batch_a, batch_b, opt, gen):
     return step
 
 
+def clock(device):
+    "perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def st_step(model, loss, feats, opt):
     def step():
         opt.zero_grad(set_to_none=True)
@@ -70,6 +78,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="embedded")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=32)
     p.add_argument("--rounds", type=int, default=12)
@@ -78,6 +87,8 @@ def main():
     warnings.filterwarnings("ignore")
     from sentence_transformers import SentenceTransformer
     from sentence_transformers import losses as st_losses
+    from sentence_transformers.util import batch_to_device
+    device = resolve_device(args.device)
 
     try:
         pairs = load_task("stsb", args.data_dir).train
@@ -87,23 +98,25 @@ def main():
         text_a, text_b = pairs.sentence1[: args.batch_size], pairs.sentence2[: args.batch_size]
 
     torch.manual_seed(0)
-    enc = Encoder.from_pretrained(args.model, max_length=args.max_length).train()
+    enc = Encoder.from_pretrained(args.model, max_length=args.max_length, device=device).train()
+    enc.model.float()                                   # a folder saved in fp16 (bench/device_payload.py): train in fp32
     dims = [d for d in DIMS if d <= enc.hidden_size]
     ba, bb = enc.tokenize(text_a, args.max_length), enc.tokenize(text_b, args.max_length)
     gen = torch.Generator().manual_seed(0)
-    mipic = MIPIC(info_nce, dims, enc.hidden_size, enc.num_layers, anchor="cls" if enc.pooling == "cls" else "pooled")   # as make_loss
-    mic = MIC(info_nce, dims, enc.hidden_size, enc.num_layers)
+    mipic = MIPIC(info_nce, dims, enc.hidden_size, enc.num_layers,
+                  anchor="cls" if enc.pooling == "cls" else "pooled").to(device)   # as make_loss
+    mic = MIC(info_nce, dims, enc.hidden_size, enc.num_layers).to(device)
     opt = torch.optim.AdamW(list(enc.parameters()) + list(mipic.parameters()), lr=0.0)   # lr 0: same work, same weights
     setups = {"base": ours(enc, "base", MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
               "mrl": ours(enc, "mrl", MRL(info_nce, dims=dims), ba, bb, opt, gen),
               "2dmse": ours(enc, "2dmse", TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen),
               "mipic": ours(enc, "mipic", mipic, ba, bb, opt, gen),
               "mic": ours(enc, "mic", mic, ba, bb, opt, gen)}
-    st = SentenceTransformer(resolve_model(args.model), device="cpu")
+    st = SentenceTransformer(resolve_model(args.model), device=str(device)).float()
     st.max_seq_length = args.max_length
     st.train()
-    feats = [st.preprocess(text_a), st.preprocess(text_b)]
-    adapters = {m: MatryoshkaLabLoss(st, m, dims=dims) for m in ADAPTED}
+    feats = [batch_to_device(st.preprocess(text_a), device), batch_to_device(st.preprocess(text_b), device)]
+    adapters = {m: MatryoshkaLabLoss(st, m, dims=dims).to(device) for m in ADAPTED}
     st_opt = torch.optim.AdamW(list(st.parameters()) + [p for a in adapters.values() if a.loss is not None
                                                          for p in a.loss.parameters()], lr=0.0)
     mnrl = st_losses.MultipleNegativesRankingLoss(st)
@@ -118,9 +131,9 @@ def main():
     times = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            t0 = time.perf_counter()
+            t0 = clock(device)
             setups[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock(device) - t0)
     med = {n: statistics.median(v) for n, v in times.items()}
     for n in names:
         print(f"{n:14s} median {med[n] * 1000:7.1f} ms/step  (min {min(times[n]) * 1000:.1f}, max {max(times[n]) * 1000:.1f})")
@@ -136,8 +149,9 @@ def main():
     print("; ".join(f"{label} {result[key]}x (goal <= {goal})" for key, (label, goal) in STEP_TIME_GOALS.items()))
     print(json.dumps(result))
     if args.out:
+        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPU cores"
         record = {"command": "python bench/step_time.py " + shlex.join(sys.argv[1:]), "commit": git_commit(),
-                  "date": date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores", "result": result}
+                  "date": date.today().isoformat(), "machine": machine, "result": result}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
