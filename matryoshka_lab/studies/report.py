@@ -23,14 +23,15 @@ from .fractal_paper import PAPER_POOLED, PAPER_ROUTING, PAPER_S, PAPER_T3, PAPER
 from .fractal_paper import capacity_table, fmt, table5
 
 # %% auto #0
-__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'ENCODE_GOALS', 'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES',
-           'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
-           'vs_mrl_table', 'share_table', 'step_time_table', 'demo_table', 'encode_table', 'mteb_table',
-           'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table', 'dashboard_table',
-           'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
-           'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
-           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables',
-           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'ENCODE_GOALS',
+           'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES',
+           'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
+           'gpu_step_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table',
+           'faiss_table', 'distill_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
+           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
+           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
+           'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -162,6 +163,38 @@ def step_time_table(results="results") -> str:
     rows = {label: {"measured": f"{result[key]:.3f}x", "goal": f"<= {goal:.3f}",
                     "met": "yes" if result[key] <= goal else "no"} for key, (label, goal) in STEP_TIME_GOALS.items()}
     return md_table(pd.DataFrame(rows).T.rename_axis("ratio of median step times"))
+
+# %% ../../nbs/studies/06_report.ipynb #21c014l
+GPU_STEP_GOALS = {"mrl_over_bare_bf16": ("MRL step / the bare model's bf16 step", "<=", 1.3),
+                  "st_over_mrl": ("sentence-transformers' `MatryoshkaLoss` step / MRL step", ">=", 2.5),
+                  "2dmse_over_mrl": ("2DMSE / MRL", "<=", 1.15), "ese_over_mrl": ("ESE / MRL", "<=", 1.2),
+                  "mipic_over_mrl": ("MIPIC / MRL", "<=", 1.5), "mic_over_mrl": ("MIC / MRL", "<=", 1.25),
+                  "encode_ours_over_st": ("encode, texts/s: ours / sentence-transformers (each at its best precision)", ">=", 1.2),
+                  "encode_bf16_over_fp32": ("encode, texts/s: ours in bf16 / in fp32", ">", 1.0)}
+GPU_STEP_SETUPS = {"bare_bf16": "the bare model, bf16 autocast", "bare_fp32": "the bare model, fp32",
+                   "mrl": "ours, MRL (amp: bf16 autocast)", "mrl_noamp": "ours, MRL (amp off)",
+                   "st_fp32": "sentence-transformers MatryoshkaLoss, fp32", "st_bf16": "sentence-transformers MatryoshkaLoss, bf16 autocast"}
+
+def gpu_step_table(results="results", part: str = "goals") -> str:
+    "results/bench/gpu_step.json: the ratios against GPU_STEP_GOALS (part='goals'), or the median step times and encode rates (part='times')."
+    made = _result_file(results, "bench", "gpu_step.json", command="python bench/gpu_step.py --out results/bench/gpu_step.json")
+    r = made["result"]
+    where = f"{r['device']}, batch {r['batch_size']} x {r['max_length']} tokens"
+    if part == "goals":
+        ok = {"<=": lambda x, g: x <= g, ">=": lambda x, g: x >= g, ">": lambda x, g: x > g}
+        rows = {label: {"measured": f"{r[key]:.3f}x", "goal": f"{op} {goal}", "met": "yes" if ok[op](r[key], goal) else "no"}
+                for key, (label, op, goal) in GPU_STEP_GOALS.items()}
+        return md_table(pd.DataFrame(rows).T.rename_axis(f"{where}: ratio"))
+    if part != "times":
+        raise ValueError(f"part must be 'goals' or 'times', got {part!r}")
+    ms, tps, bs = r["median_ms"], r["texts_per_s"], r["encode_batch_size"]
+    rows = {label: {"median ms a step": f"{ms[key]:.1f}", "texts/s": f"{tps[key]:,.0f}"} for key, label in GPU_STEP_SETUPS.items()}
+    for who, precs in (("ours", ("fp32", "bf16")), ("st", ("fp32", "bf16"))):
+        for p in precs:
+            key = f"enc_{who}_{p}_b{bs}"
+            rows[f"encode {r['encode_texts']:,} sentences at batch {bs}: {'ours' if who == 'ours' else 'sentence-transformers'} {p}"] = {
+                "median ms a step": f"{ms[key]:.1f} (the pass)", "texts/s": f"{tps[key]:,.0f}"}
+    return md_table(pd.DataFrame(rows).T.rename_axis(where))
 
 # %% ../../nbs/studies/06_report.ipynb #21c014f
 def demo_table(results="results", task: str = "stsb", metric: str = "spearman", layers: str | None = None) -> str:
@@ -538,7 +571,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table,
-          "fractal_workers": fractal_workers_table}
+          "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
