@@ -99,7 +99,7 @@ class TrainConfig:
     eval_dims: str | None = None              # default: dims
     diagnostics_every: int = -1               # -1: off; 0: budget mode (<= 5% of training time); N: every N steps
     device: str | None = None                 # default: CUDA when present
-    amp: bool = True                          # mixed precision on CUDA (ignored on CPU)
+    amp: bool = True                          # on CUDA bf16 autocast (fp16 + loss scaling without bf16); CPU: fp32
 
     def __post_init__(self):
         for f in fields(self):                # types first: 1.5 steps or a list for a number are refused, not coerced
