@@ -18,8 +18,8 @@ from .core import hub_offline, resolve_data_dir
 # %% auto #0
 __all__ = ['KINDS', 'TASKS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences',
            'read_table', 'sts_from_frame', 'pairs_from_frame', 'classification_from_frame', 'hierarchy_from_frame',
-           'sentences_from_frame', 'TaskSpec', 'task_spec', 'Task', 'load_hub', 'load_task', 'builtin_sts',
-           'builtin_intents', 'mipic_corpus']
+           'sentences_from_frame', 'RetrievalData', 'retrieval_from_frame', 'beir_from_frames', 'read_beir', 'TaskSpec',
+           'task_spec', 'Task', 'beir_task', 'load_hub', 'load_task', 'builtin_sts', 'builtin_intents', 'mipic_corpus']
 
 # %% ../nbs/03_data.ipynb #02c006
 def _check_len(name: str, **cols) -> None:
@@ -194,19 +194,95 @@ def sentences_from_frame(df: pd.DataFrame, text="text") -> Sentences:
     (x,) = _columns(df, text)
     return Sentences(_texts(x))
 
+# %% ../nbs/03_data.ipynb #02c010c
+@dataclass(frozen=True)
+class RetrievalData:
+    "Queries, a corpus and graded relevance: qrels[i] = {document index: grade > 0} for query i (all others irrelevant)."
+    queries: list[str]
+    corpus: list[str]
+    qrels: tuple                          # per query: dict[int, int]
+    query_ids: tuple = ()                 # the files' ids, when read from files
+    doc_ids: tuple = ()
+    def __post_init__(self):
+        if not self.corpus:
+            raise ValueError("RetrievalData: the corpus is empty")
+        _check_len("RetrievalData", queries=self.queries, qrels=self.qrels)
+        for i, rel in enumerate(self.qrels):
+            if not rel or min(rel.values()) <= 0:
+                raise ValueError(f"RetrievalData: query {i} ({self.queries[i][:60]!r}) needs at least one relevant "
+                                 f"document and positive grades, got {rel}")
+            bad = [j for j in rel if not 0 <= j < len(self.corpus)]
+            if bad:
+                raise ValueError(f"RetrievalData: query {i} names document index {bad[0]}, outside the corpus of {len(self.corpus)}")
+    def __len__(self): return len(self.queries)
+
+def retrieval_from_frame(df: pd.DataFrame, query="query", document="document", label: str | None = None,
+                         score: str | None = None, min_score: float | None = None) -> RetrievalData:
+    "Rows relate a query to its relevant document; the corpus is every distinct document (`label`: rows labelled 1 only; `score`, `min_score`: rows scored at least min_score only)."
+    names = [query, document] + ([label] if label else []) + ([score] if score else [])
+    cols = dict(zip(names, _columns(df, *names, numeric=tuple(n for n in (label, score) if n))))
+    docs = list(dict.fromkeys(_texts(cols[document])))
+    index = {d: i for i, d in enumerate(docs)}
+    keep = np.ones(len(df), dtype=bool)
+    if label:
+        keep &= np.asarray(cols[label]) == 1
+    if score and min_score is not None:
+        keep &= np.asarray(cols[score], dtype=np.float64) >= min_score
+    rel: dict[str, dict[int, int]] = {}
+    for q, d, k in zip(_texts(cols[query]), _texts(cols[document]), keep):
+        if k:
+            rel.setdefault(q, {})[index[d]] = 1
+    if not rel:
+        raise ValueError(f"{df.attrs.get('source', 'data frame')}: no row is kept as a relevant (query, document) pair")
+    return RetrievalData(list(rel), docs, tuple(rel.values()))
+
+def beir_from_frames(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, where=None) -> RetrievalData:
+    "RetrievalData from BEIR's three tables (corpus: _id, text, title?; queries: _id, text; qrels: query-id, corpus-id, score); where(n) names qrels row n in errors."
+    where = where or (lambda n: f"qrels row {n + 1}")
+    doc_ids, texts = _columns(corpus, "_id", "text")
+    titles = corpus["title"].fillna("").tolist() if "title" in corpus else [""] * len(texts)
+    docs = [f"{t} {x}".strip() if str(t).strip() else str(x) for t, x in zip(titles, texts)]
+    query_ids, query_texts = _columns(queries, "_id", "text")
+    qid, did, grade = _columns(qrels, "query-id", "corpus-id", "score", numeric=("score",))
+    doc_at = {str(d): i for i, d in enumerate(doc_ids)}
+    text_of = {str(q): str(t) for q, t in zip(query_ids, query_texts)}
+    rel: dict[str, dict[int, int]] = {}
+    for n, (q, d, g) in enumerate(zip(map(str, qid), map(str, did), grade)):
+        if q not in text_of or d not in doc_at:
+            what, table = (f"query {q!r}", "the queries") if q not in text_of else (f"document {d!r}", "the corpus")
+            raise ValueError(f"{where(n)} names {what}, which is not in {table}")
+        if int(g) > 0:
+            rel.setdefault(q, {})[doc_at[d]] = int(g)
+    if not rel:
+        raise ValueError(f"{qrels.attrs.get('source', 'qrels')!r} has no relevant (score > 0) judgement")
+    return RetrievalData([text_of[q] for q in rel], docs, tuple(rel.values()), tuple(rel), tuple(map(str, doc_ids)))
+
+def read_beir(folder: str | Path, split: str = "test") -> RetrievalData:
+    "A BEIR / MTEB retrieval folder: corpus.jsonl, queries.jsonl and qrels/<split>.tsv."
+    folder = Path(folder)
+    for part in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv"):
+        if not (folder / part).is_file():
+            raise ValueError(f"{str(folder)!r} is not a BEIR retrieval folder: {part} is missing")
+    path = folder / "qrels" / f"{split}.tsv"
+    qrels = pd.read_csv(path, sep="\t", dtype=str)
+    qrels.attrs["source"] = str(path)
+    return beir_from_frames(read_table(folder / "corpus.jsonl"), read_table(folder / "queries.jsonl"), qrels,
+                            where=lambda n: f"{str(path)!r} line {n + 2}")
+
+
 # %% ../nbs/03_data.ipynb #02c012
 @dataclass(frozen=True)
 class TaskSpec:
     "Where a task's data lives and how it is read."
     name: str
-    kind: str                              # 'sts' | 'pair' | 'classification' | 'hierarchy' | 'sentences'
+    kind: str                              # one of KINDS
     folder: str                            # folder under the data directory
     test: tuple[str, ...]                  # files (concatenated) evaluated
     train: tuple[str, ...] = ()            # files (concatenated) a classifier or index is fitted on
     columns: dict = field(default_factory=dict)   # keyword arguments of the *_from_frame function
     hub: dict | None = None                # {'path', 'name', 'test', 'train', 'columns'} for online users
 
-KINDS = ("sts", "pair", "classification", "hierarchy", "sentences")
+KINDS = ("sts", "pair", "classification", "hierarchy", "sentences", "retrieval")
 
 def _sts(name, folder, test, hub_path, train=()):
     hub = dict(path=hub_path, test="test", **({"train": "train"} if train else {}))
@@ -241,6 +317,12 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
              columns=dict(levels={"group": "group", "archive": "archive", "category": "category"})),
     TaskSpec("goemotions", "hierarchy", "goemotions", ("test.jsonl",), ("train.jsonl",),
              columns=dict(levels={"sentiment": "sentiment", "ekman": "ekman", "emotion": "labels"})),
+    TaskSpec("arxiv_title_abstract", "retrieval", "arxiv", ("train.jsonl", "test.jsonl"),
+             columns=dict(query="title", document="text")),
+    TaskSpec("mrpc_paraphrase", "retrieval", "mrpc", ("test.jsonl",),
+             columns=dict(query="sentence1", document="sentence2", label="label")),
+    TaskSpec("stsb_paraphrase", "retrieval", "sts/stsb", ("test.jsonl",),
+             columns=dict(query="sentence1", document="sentence2", score="score", min_score=4.0)),
     TaskSpec("wiki_sents", "sentences", "wiki_sents", ("sentences.jsonl",)),
     TaskSpec("mipic_corpus", "sentences", "", ()),   # built from several folders: see mipic_corpus below
     TaskSpec("builtin_sts", "sts", "", ()),
@@ -280,6 +362,8 @@ def _from_frame(spec: TaskSpec, df: pd.DataFrame, columns: dict | None = None):
         return classification_from_frame(df, **cols)
     if spec.kind == "hierarchy":
         return hierarchy_from_frame(df, **cols)
+    if spec.kind == "retrieval":
+        return retrieval_from_frame(df, **cols)
     return sentences_from_frame(df, **cols)
 
 # %% ../nbs/03_data.ipynb #02c018
@@ -315,6 +399,21 @@ def _load_local(spec: TaskSpec, root: Path) -> Task:
         df = _concat([read_table(folder / f) for f in files], f"{spec.folder}/{'+'.join(files)}")
         return _from_frame(spec, df)
     return Task(spec, split(spec.test), split(spec.train), source=str(folder))
+
+def beir_task(source: str | Path, split: str = "test", name: str | None = None) -> Task:
+    "A retrieval Task for `evaluate` from a BEIR / MTEB folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv), or from a Hub id in MTEB's layout (configs corpus, queries, default)."
+    folder = Path(source).expanduser()
+    spec = TaskSpec(name or folder.name, "retrieval", str(source), (split,))
+    if folder.is_dir():
+        return Task(spec, read_beir(folder, split), None, source=str(folder))
+    if str(source).startswith((".", "/", "~")):
+        raise ValueError(f"BEIR folder {str(folder)!r} does not exist")
+    if hub_offline():
+        raise ValueError(f"{str(source)!r} is not a folder here, and the Hugging Face Hub is switched off (HF_HUB_OFFLINE): "
+                         "give a local BEIR folder")
+    test = beir_from_frames(load_hub(str(source), "corpus", "corpus"), load_hub(str(source), "queries", "queries"),
+                            load_hub(str(source), split, "default"))
+    return Task(spec, test, None, source=f"hub:{source}")
 
 # %% ../nbs/03_data.ipynb #02c020
 def load_hub(path: str, split: str, name: str | None = None) -> pd.DataFrame:

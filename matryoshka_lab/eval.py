@@ -15,12 +15,13 @@ import torch
 from scipy.stats import rankdata
 
 from .core import parse_dims, parse_layers
-from .data import (ClassificationData, HierarchyData, PairData, STSData, Task, load_task)
+from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, STSData, Task,
+                                 load_task)
 
 # %% auto #0
-__all__ = ['COS_DECIMALS', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine', 'prefix_normalize', 'spearman_columns',
-           'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid',
-           'knn_grid', 'main_metric', 'task_texts', 'score_task', 'evaluate']
+__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine', 'prefix_normalize',
+           'spearman_columns', 'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid', 'mteb_undersample',
+           'logreg_grid', 'knn_grid', 'retrieval_grid', 'main_metric', 'task_texts', 'score_task', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -159,8 +160,47 @@ def knn_grid(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_l
                     out.setdefault(f"recall@{r}_{level}", np.zeros((L, K)))[l, j] = 100 * hit.mean()
     return out
 
+# %% ../nbs/04_eval.ipynb #03c020b
+RETRIEVAL_METRICS = ("ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10")
+
+def _ranked_grades(q: torch.Tensor, c: torch.Tensor, grades: torch.Tensor, depth: int) -> torch.Tensor:
+    "The grades of each query's top `depth` documents, q [Q, d] and c [N, d] unit rows, grades [Q, N]; ties in corpus order."
+    order = torch.sort(q @ c.T, dim=1, descending=True, stable=True).indices[:, :depth]
+    return grades.gather(1, order)
+
+def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: list[int], chunk: int = 1024) -> dict[str, np.ndarray]:
+    "RETRIEVAL_METRICS (x100, means over queries) of prefix-cosine ranking, queries [L, Q, D] against corpus [L, N, D] -> {metric: [L, K]}."
+    L, Q, N = queries.shape[0], queries.shape[1], corpus.shape[1]
+    if len(qrels) != Q:
+        raise ValueError(f"qrels has {len(qrels)} queries, the query embeddings {Q}")
+    depth = min(100, N)
+    discount = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))                   # ranks 1..10
+    ideal = torch.zeros(Q, 10, dtype=torch.float64)
+    for i, rel in enumerate(qrels):
+        best = sorted(rel.values(), reverse=True)[:10]
+        ideal[i, :len(best)] = torch.tensor(best, dtype=torch.float64)
+    idcg = ideal @ discount
+    n_rel = torch.tensor([sum(g > 0 for g in rel.values()) for rel in qrels], dtype=torch.float64)
+    out = {m: np.zeros((L, len(dims))) for m in RETRIEVAL_METRICS}
+    for start in range(0, Q, chunk):
+        rows = range(start, min(start + chunk, Q))
+        grades = torch.zeros(len(rows), N, dtype=torch.float64)
+        for r, i in enumerate(rows):
+            grades[r, list(qrels[i])] = torch.tensor(list(qrels[i].values()), dtype=torch.float64)
+        for li in range(L):
+            for k, d in enumerate(dims):
+                g = _ranked_grades(prefix_normalize(queries[li, rows], d), prefix_normalize(corpus[li], d), grades, depth)
+                hit = g > 0
+                first = torch.where(hit[:, :10].any(1), hit[:, :10].long().argmax(1) + 1.0, torch.inf).double()   # rank of the first hit
+                sums = {"ndcg_at_10": (g[:, :10] @ discount[:g[:, :10].shape[1]] / idcg[rows]).sum(),
+                        "recall_at_10": (hit[:, :10].sum(1) / n_rel[rows]).sum(),
+                        "recall_at_100": (hit[:, :100].sum(1) / n_rel[rows]).sum(), "mrr_at_10": (1.0 / first).sum()}
+                for m, v in sums.items():
+                    out[m][li, k] += float(v)
+    return {m: 100.0 * v / Q for m, v in out.items()}
+
 # %% ../nbs/04_eval.ipynb #03c022
-MAIN_METRIC = {"sts": "spearman", "classification": "accuracy", "pair": "ap"}
+MAIN_METRIC = {"sts": "spearman", "classification": "accuracy", "pair": "ap", "retrieval": "ndcg_at_10"}
 
 def main_metric(task: Task) -> str:
     "The headline metric of a task (hierarchies: k-NN accuracy at the finest level)."
@@ -171,8 +211,10 @@ def main_metric(task: Task) -> str:
     return MAIN_METRIC[task.kind]
 
 def task_texts(task: Task) -> list[str]:
-    "Every text a task needs embedded, in a fixed order (pairs: all first sentences, then all second ones; else train then test)."
+    "Every text a task needs embedded, in a fixed order (pairs: all first sentences, then all second ones; retrieval: queries, then the corpus; else train then test)."
     t = task.test
+    if isinstance(t, RetrievalData):
+        return list(t.queries) + list(t.corpus)
     if isinstance(t, (STSData, PairData)):
         return list(t.sentence1) + list(t.sentence2)
     if isinstance(t, (ClassificationData, HierarchyData)):
@@ -189,6 +231,8 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
         n = len(t)
         e1, e2 = emb[:, :n], emb[:, n:]
         return {"spearman": sts_grid(e1, e2, t.score, dims)} if isinstance(t, STSData) else pair_grid(e1, e2, t.label, dims)
+    if isinstance(t, RetrievalData):
+        return retrieval_grid(emb[:, :len(t.queries)], emb[:, len(t.queries):], t.qrels, dims)
     ntr = len(task.train)
     tr, te = emb[:, :ntr], emb[:, ntr:]
     if isinstance(t, ClassificationData):

@@ -4,17 +4,18 @@ import json
 import numpy as np
 import pytest
 
-from matryoshka_lab.data import (TASKS, ClassificationData, HierarchyData, PairData, STSData, Sentences, load_hub,
-                                 load_task, read_table, sts_from_frame)
+from matryoshka_lab.data import (TASKS, ClassificationData, HierarchyData, PairData, RetrievalData, STSData, Sentences,
+                                 load_hub, load_task, read_table, sts_from_frame)
 
 # Rows per evaluated / training split, from shared/data's README files (SICK-R: train + trial + test, as MTEB).
 EXPECTED = {"stsb": (1379, 5749), "stsb_dev": (1500, 0), "sickr": (9927, 0), "sts12": (3108, 0), "sts13": (1500, 0), "sts14": (3750, 0),
             "sts15": (3000, 0), "sts16": (1186, 0), "banking77": (3080, 10003), "emotion": (2000, 16000),
             "tweeteval_emotion": (1421, 3257), "tweeteval_sentiment": (12284, 2000), "mrpc": (1725, 4076),
             "clinc150": (4500, 15000), "trec": (500, 5452), "20newsgroups": (7532, 11314), "wos": (211, 789),
-            "arxiv": (416, 1584), "wiki_sents": (14750, 0), "mipic_corpus": (14041, 0)}
+            "arxiv": (416, 1584), "wiki_sents": (14750, 0), "mipic_corpus": (14041, 0),
+            "arxiv_title_abstract": (2000, 0), "mrpc_paraphrase": (1147, 0), "stsb_paraphrase": (309, 0)}   # retrieval: queries
 TYPES = {"sts": STSData, "pair": PairData, "classification": ClassificationData, "hierarchy": HierarchyData,
-         "sentences": Sentences}
+         "sentences": Sentences, "retrieval": RetrievalData}
 
 
 @pytest.mark.parametrize("name", [n for n in TASKS if not n.startswith("builtin")])

@@ -4,10 +4,10 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import average_precision_score
+from sklearn.metrics import average_precision_score, ndcg_score
 from sklearn.neighbors import KNeighborsClassifier
 
-from matryoshka_lab.data import PairData, Sentences, Task, load_task, task_spec
+from matryoshka_lab.data import PairData, RetrievalData, Sentences, Task, TaskSpec, load_task, task_spec
 from matryoshka_lab.eval import (COS_DECIMALS, MTEB_ALL_MINILM_L6_V2, best_threshold_accuracy, evaluate, logreg_grid,
                                  mteb_undersample)
 
@@ -72,6 +72,28 @@ def test_knn_and_logreg_cells_match_naive(enc, tokenizer):
     assert res["accuracy"] == pytest.approx(100 * np.mean(accs), abs=0.2)   # float32 vs float64 features
     full = LogisticRegression(random_state=42, max_iter=1000).fit(xtr, ytr).score(xte, yte)
     assert res["accuracy_full"] == pytest.approx(100 * full, abs=0.5)
+
+
+def test_retrieval_cells_match_naive(enc, tokenizer):
+    "nDCG@10 and MRR@10 of every (layer, dim) cell against re-encoded cells scored by scikit-learn and a loop."
+    sts = load_task("builtin_sts").test
+    corpus = list(dict.fromkeys(sts.sentence2[:120]))
+    queries = list(dict.fromkeys(sts.sentence1[:40]))
+    rs = np.random.RandomState(1)
+    qrels = tuple({int(j): int(rs.randint(1, 3)) for j in rs.choice(len(corpus), 2, replace=False)} for _ in queries)
+    task = Task(TaskSpec("tiny_retrieval", "retrieval", "", ()), RetrievalData(queries, corpus, qrels))
+    res = evaluate(enc, [task], layers=LAYERS, dims=DIMS, progress=False)
+    truth = np.zeros((len(queries), len(corpus)))
+    for i, rel in enumerate(qrels):
+        truth[i, list(rel)] = list(rel.values())
+    for layer in LAYERS:
+        for d in DIMS:
+            scores = naive_cell(enc.model, tokenizer, queries, layer, d) @ naive_cell(enc.model, tokenizer, corpus, layer, d).T
+            cell = res[(res.layer == layer) & (res.dim == d)].set_index("metric").value
+            assert cell["ndcg_at_10"] == pytest.approx(100 * ndcg_score(truth, scores, k=10), abs=1e-3)
+            first = [next((r + 1 for r, j in enumerate(np.argsort(-s, kind="stable")[:10]) if truth[i, j] > 0), np.inf)
+                     for i, s in enumerate(scores)]
+            assert cell["mrr_at_10"] == pytest.approx(100 * np.mean(1 / np.array(first)), abs=1e-3)
 
 
 def test_each_text_is_encoded_once(enc):
