@@ -19,9 +19,10 @@ from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, S
                                  load_task)
 
 # %% auto #0
-__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine', 'prefix_normalize',
-           'spearman_columns', 'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid', 'mteb_undersample',
-           'logreg_grid', 'knn_grid', 'retrieval_grid', 'main_metric', 'task_texts', 'score_task', 'evaluate']
+__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RETRIEVAL_PRECISIONS', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine',
+           'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid',
+           'mteb_undersample', 'logreg_grid', 'knn_grid', 'bytes_per_vector', 'retrieval_grid', 'main_metric',
+           'task_texts', 'score_task', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -162,34 +163,92 @@ def knn_grid(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_l
 
 # %% ../nbs/04_eval.ipynb #03c020b
 RETRIEVAL_METRICS = ("ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10")
+RETRIEVAL_PRECISIONS = ("float32", "int8", "binary")
 
-def _ranked_grades(q: torch.Tensor, c: torch.Tensor, grades: torch.Tensor, depth: int) -> torch.Tensor:
-    "The grades of each query's top `depth` documents, q [Q, d] and c [N, d] unit rows, grades [Q, N]; ties in corpus order."
-    order = torch.sort(q @ c.T, dim=1, descending=True, stable=True).indices[:, :depth]
-    return grades.gather(1, order)
+def bytes_per_vector(dim: int, precision: str) -> int:
+    "Bytes one stored vector of `dim` features takes at `precision` (float32: 4 a feature; int8: 1; binary: 1 bit, whole bytes)."
+    if precision not in RETRIEVAL_PRECISIONS:
+        raise ValueError(f"precision must be one of {RETRIEVAL_PRECISIONS}, got {precision!r}")
+    return {"float32": 4 * dim, "int8": dim, "binary": -(-dim // 8)}[precision]
 
-def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: list[int], chunk: int = 1024) -> dict[str, np.ndarray]:
-    "RETRIEVAL_METRICS (x100, means over queries) of prefix-cosine ranking, queries [L, Q, D] against corpus [L, N, D] -> {metric: [L, K]}."
+def _st_quantize():
+    "sentence-transformers' quantize_embeddings (the field's int8 and binary codes)."
+    try:
+        from sentence_transformers.util.quantization import quantize_embeddings
+    except ImportError:
+        try:
+            from sentence_transformers.quantization import quantize_embeddings    # before sentence-transformers 6
+        except ImportError:
+            raise ValueError("int8 and binary search use sentence-transformers' quantize_embeddings: "
+                             "pip install sentence-transformers") from None
+    return quantize_embeddings
+
+class _Codes:
+    "A corpus [N, d] (unit rows) stored at `precision` with sentence-transformers' quantize_embeddings, and how its FAISS search scores a query."
+    def __init__(self, corpus: torch.Tensor, precision: str):
+        bytes_per_vector(corpus.shape[-1], precision)                     # a clear error for an unknown precision
+        self.precision, self.dim, self._quantize = precision, corpus.shape[-1], None if precision == "float32" else _st_quantize()
+        x = corpus.numpy().astype(np.float32)
+        self.ranges = np.vstack([x.min(0), x.max(0)]) if precision == "int8" else None   # calibrated on the corpus
+        self.codes = torch.from_numpy(self._store(x).astype(np.float64))
+
+    def _store(self, x: np.ndarray) -> np.ndarray:
+        "x at the stored precision: float32 as is, int8 as uint8 codes in the corpus's ranges, binary as 0/1 sign bits."
+        if self.precision == "float32":
+            return x
+        if self.precision == "int8":
+            return self._quantize(x, "uint8", ranges=self.ranges)
+        return np.unpackbits(self._quantize(x, "ubinary"), axis=-1)[:, :self.dim]
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        "Search scores [Q, N] of queries q [Q, d], higher first: inner product (float32; int8 codes, as FAISS's IndexFlatIP on them) or minus the Hamming distance (binary)."
+        mine = torch.from_numpy(self._store(q.numpy().astype(np.float32)).astype(np.float64))
+        if self.precision != "binary":
+            return mine @ self.codes.T
+        return 2 * mine @ self.codes.T - mine.sum(1, keepdim=True) - self.codes.sum(1)   # -(|a| + |b| - 2 a.b)
+
+    def decoded(self, rows: torch.Tensor) -> torch.Tensor:
+        "The stored vectors of corpus rows [Q, S] back in the float query's space [Q, S, d]: int8 dequantized, binary as 0/1."
+        v = self.codes[rows]
+        if self.precision == "int8":
+            steps = (self.ranges[1] - self.ranges[0]) / 255
+            v = v * torch.from_numpy(np.where(steps == 0, 1, steps).astype(np.float64)) + torch.from_numpy(self.ranges[0].astype(np.float64))
+        return v
+
+def _ranking(q: torch.Tensor, codes: _Codes, depth: int, rescore: int) -> torch.Tensor:
+    "Each query's top `depth` corpus rows [Q, depth]; rescore > 0: the top depth x rescore by the stored codes, reordered by the float query against them."
+    order = torch.sort(codes.scores(q), dim=1, descending=True, stable=True).indices    # ties in corpus order
+    if not rescore:
+        return order[:, :depth]
+    short = order[:, :depth * rescore]
+    exact = torch.einsum("qd,qsd->qs", q.double(), codes.decoded(short))
+    return short.gather(1, torch.sort(exact, dim=1, descending=True, stable=True).indices[:, :depth])
+
+def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: list[int], precision: str = "float32",
+                   rescore: int = 0, chunk: int = 1024) -> dict[str, np.ndarray]:
+    "RETRIEVAL_METRICS (x100, means over queries) of prefix search at `precision`, queries [L, Q, D] against corpus [L, N, D] -> {metric: [L, K]}; rescore: see _ranking."
     L, Q, N = queries.shape[0], queries.shape[1], corpus.shape[1]
     if len(qrels) != Q:
         raise ValueError(f"qrels has {len(qrels)} queries, the query embeddings {Q}")
+    if rescore and precision == "float32":
+        raise ValueError("rescore re-ranks a quantized search with float queries: it needs precision int8 or binary")
     depth = min(100, N)
     discount = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))                   # ranks 1..10
     ideal = torch.zeros(Q, 10, dtype=torch.float64)
+    grades = torch.zeros(Q, N, dtype=torch.int8)
     for i, rel in enumerate(qrels):
         best = sorted(rel.values(), reverse=True)[:10]
         ideal[i, :len(best)] = torch.tensor(best, dtype=torch.float64)
+        grades[i, list(rel)] = torch.tensor(list(rel.values()), dtype=torch.int8)
     idcg = ideal @ discount
-    n_rel = torch.tensor([sum(g > 0 for g in rel.values()) for rel in qrels], dtype=torch.float64)
+    n_rel = (grades > 0).sum(1).double()
     out = {m: np.zeros((L, len(dims))) for m in RETRIEVAL_METRICS}
-    for start in range(0, Q, chunk):
-        rows = range(start, min(start + chunk, Q))
-        grades = torch.zeros(len(rows), N, dtype=torch.float64)
-        for r, i in enumerate(rows):
-            grades[r, list(qrels[i])] = torch.tensor(list(qrels[i].values()), dtype=torch.float64)
-        for li in range(L):
-            for k, d in enumerate(dims):
-                g = _ranked_grades(prefix_normalize(queries[li, rows], d), prefix_normalize(corpus[li], d), grades, depth)
+    for li in range(L):
+        for k, d in enumerate(dims):
+            codes = _Codes(prefix_normalize(corpus[li], d), precision)
+            for start in range(0, Q, chunk):
+                rows = slice(start, min(start + chunk, Q))
+                g = grades[rows].gather(1, _ranking(prefix_normalize(queries[li, rows], d), codes, depth, rescore)).double()
                 hit = g > 0
                 first = torch.where(hit[:, :10].any(1), hit[:, :10].long().argmax(1) + 1.0, torch.inf).double()   # rank of the first hit
                 sums = {"ndcg_at_10": (g[:, :10] @ discount[:g[:, :10].shape[1]] / idcg[rows]).sum(),
