@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="forward pass: fp32 (default on CPU), bf16, or auto (bf16 where the CPU has it natively)")
+    e.add_argument("--precisions", default="float32",
+                   help="retrieval tasks: the stored index precisions, of float32,int8,binary,int8+rescore,binary+rescore")
     e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     t = sub.add_parser("train", help="train from a YAML config (configs/*.yaml); resumes a run directory's checkpoint")
@@ -233,7 +235,7 @@ def _evaluate_to(args, out: Path) -> None:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     df = evaluate(enc, tasks, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
-                  protocol=args.protocol, progress=not args.no_progress)
+                  protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".json":
         df.to_json(out, orient="records", indent=1)

@@ -19,10 +19,10 @@ from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, S
                                  load_task)
 
 # %% auto #0
-__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RETRIEVAL_PRECISIONS', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine',
-           'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid',
-           'mteb_undersample', 'logreg_grid', 'knn_grid', 'bytes_per_vector', 'retrieval_grid', 'main_metric',
-           'task_texts', 'score_task', 'evaluate']
+__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RETRIEVAL_PRECISIONS', 'RESCORE', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2',
+           'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
+           'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'bytes_per_vector',
+           'retrieval_grid', 'parse_precisions', 'main_metric', 'task_texts', 'score_task', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -193,15 +193,15 @@ class _Codes:
         self.codes = torch.from_numpy(self._store(x).astype(np.float64))
 
     def _store(self, x: np.ndarray) -> np.ndarray:
-        "x at the stored precision: float32 as is, int8 as uint8 codes in the corpus's ranges, binary as 0/1 sign bits."
+        "x at the stored precision: float32 as is, int8 codes in the corpus's ranges, binary as 0/1 sign bits."
         if self.precision == "float32":
             return x
         if self.precision == "int8":
-            return self._quantize(x, "uint8", ranges=self.ranges)
+            return self._quantize(x, "int8", ranges=self.ranges)
         return np.unpackbits(self._quantize(x, "ubinary"), axis=-1)[:, :self.dim]
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
-        "Search scores [Q, N] of queries q [Q, d], higher first: inner product (float32; int8 codes, as FAISS's IndexFlatIP on them) or minus the Hamming distance (binary)."
+        "Search scores [Q, N] of queries q [Q, d], higher first: inner product (float32; the int8 codes, as a vector index's int8 inner product) or minus the Hamming distance (binary)."
         mine = torch.from_numpy(self._store(q.numpy().astype(np.float32)).astype(np.float64))
         if self.precision != "binary":
             return mine @ self.codes.T
@@ -212,7 +212,7 @@ class _Codes:
         v = self.codes[rows]
         if self.precision == "int8":
             steps = (self.ranges[1] - self.ranges[0]) / 255
-            v = v * torch.from_numpy(np.where(steps == 0, 1, steps).astype(np.float64)) + torch.from_numpy(self.ranges[0].astype(np.float64))
+            v = (v + 128) * torch.from_numpy(np.where(steps == 0, 1, steps).astype(np.float64)) + torch.from_numpy(self.ranges[0].astype(np.float64))
         return v
 
 def _ranking(q: torch.Tensor, codes: _Codes, depth: int, rescore: int) -> torch.Tensor:
@@ -258,6 +258,17 @@ def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: lis
                     out[m][li, k] += float(v)
     return {m: 100.0 * v / Q for m, v in out.items()}
 
+RESCORE = 2   # rescoring's shortlist: RESCORE x 100 by the codes (sentence-transformers' default rescore_multiplier)
+
+def parse_precisions(spec) -> list[str]:
+    "Stored precisions of a retrieval index ('float32,int8' or a list); each may end in '+rescore' (int8, binary)."
+    items = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec) if p.strip()]
+    known = [*RETRIEVAL_PRECISIONS, "int8+rescore", "binary+rescore"]
+    bad = [p for p in items if p not in known]
+    if bad or not items:
+        raise ValueError(f"precisions must name some of {', '.join(known)}; got {spec!r}")
+    return list(dict.fromkeys(items))
+
 # %% ../nbs/04_eval.ipynb #03c022
 MAIN_METRIC = {"sts": "spearman", "classification": "accuracy", "pair": "ap", "retrieval": "ndcg_at_10"}
 
@@ -283,15 +294,21 @@ def task_texts(task: Task) -> list[str]:
     raise ValueError(f"task {task.name!r} of kind {task.kind!r} has nothing to evaluate")
 
 # %% ../nbs/04_eval.ipynb #03c023
-def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "mteb", progress=None) -> dict[str, np.ndarray]:
-    "Scores {metric: [L, K]} of a task from emb [L, len(task_texts(task)), D] (the embeddings of `task_texts(task)`)."
+def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "mteb", progress=None,
+               precisions=("float32",)) -> dict[str, np.ndarray]:
+    "Scores {metric: [L, K]} of a task from emb [L, len(task_texts(task)), D] (the embeddings of `task_texts(task)`); a retrieval task at each of `precisions` (metric/precision beyond float32)."
     t = task.test
     if isinstance(t, (STSData, PairData)):
         n = len(t)
         e1, e2 = emb[:, :n], emb[:, n:]
         return {"spearman": sts_grid(e1, e2, t.score, dims)} if isinstance(t, STSData) else pair_grid(e1, e2, t.label, dims)
     if isinstance(t, RetrievalData):
-        return retrieval_grid(emb[:, :len(t.queries)], emb[:, len(t.queries):], t.qrels, dims)
+        q, c, out = emb[:, :len(t.queries)], emb[:, len(t.queries):], {}
+        for p in parse_precisions(precisions):
+            precision, rescore = p.removesuffix("+rescore"), RESCORE if p.endswith("+rescore") else 0
+            grid = retrieval_grid(q, c, t.qrels, dims, precision=precision, rescore=rescore)
+            out.update({m if p == "float32" else f"{m}/{p}": v for m, v in grid.items()})
+        return out
     ntr = len(task.train)
     tr, te = emb[:, :ntr], emb[:, ntr:]
     if isinstance(t, ClassificationData):
@@ -300,8 +317,9 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
 
 # %% ../nbs/04_eval.ipynb #03c025
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
-             max_length: int | None = None, protocol: str = "mteb", progress: bool = True) -> pd.DataFrame:
-    "Tidy table (task, layer, dim, metric, value) of `tasks` (names or Tasks) at every (layer, dim) cell."
+             max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
+             precisions=("float32",)) -> pd.DataFrame:
+    "Tidy table (task, layer, dim, metric, value) of `tasks` (names or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...)."
     from tqdm.auto import tqdm
     if isinstance(tasks, (str, Task)):
         tasks = [tasks]
@@ -309,6 +327,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
         raise ValueError("tasks is empty: name at least one task")
     layer_ids = parse_layers(layers, encoder.num_layers)
     dims = parse_dims(dims, encoder.hidden_size)
+    precisions = parse_precisions(precisions)                 # before the encoding
     loaded = [t if isinstance(t, Task) else load_task(t, data_dir) for t in tasks]
     index, positions = {}, []
     for t in loaded:
@@ -320,7 +339,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     bar = tqdm(total=n_fits, desc="classifiers", disable=not progress or n_fits == 0)
     rows = []
     for t, pos in zip(loaded, positions):
-        for metric, grid in score_task(t, emb[:, pos], dims, protocol, progress=bar).items():
+        for metric, grid in score_task(t, emb[:, pos], dims, protocol, progress=bar, precisions=precisions).items():
             for i, layer in enumerate(layer_ids):
                 for j, d in enumerate(dims):
                     rows.append((t.name, layer, d, metric, float(grid[i, j])))

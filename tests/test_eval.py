@@ -94,6 +94,13 @@ def test_retrieval_cells_match_naive(enc, tokenizer):
             first = [next((r + 1 for r, j in enumerate(np.argsort(-s, kind="stable")[:10]) if truth[i, j] > 0), np.inf)
                      for i, s in enumerate(scores)]
             assert cell["mrr_at_10"] == pytest.approx(100 * np.mean(1 / np.array(first)), abs=1e-3)
+    both = evaluate(enc, [task], layers=[3], dims=[32], precisions="float32,binary+rescore", progress=False)
+    assert set(both.metric) == {m + s for m in ("ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10")
+                                for s in ("", "/binary+rescore")}
+    plain = res[(res.layer == 3) & (res.dim == 32)].set_index("metric").value
+    assert both.set_index("metric").value[plain.index].tolist() == plain.tolist()   # float32 rows as without precisions
+    with pytest.raises(ValueError, match="precisions must name some of"):
+        evaluate(enc, [task], precisions="float16", progress=False)
 
 
 def test_each_text_is_encoded_once(enc):
