@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .. import stats
+from ..eval import RETRIEVAL_PRECISIONS, bytes_per_vector
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
 from .baselines import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
@@ -23,15 +24,15 @@ from .fractal_paper import PAPER_POOLED, PAPER_ROUTING, PAPER_S, PAPER_T3, PAPER
 from .fractal_paper import capacity_table, fmt, table5
 
 # %% auto #0
-__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'ENCODE_GOALS',
+__all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'RETRIEVAL_ROWS', 'ENCODE_GOALS',
            'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES',
            'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
-           'gpu_step_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table',
-           'faiss_table', 'distill_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
-           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
-           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
-           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
-           'spectra_figure', 'write_figures']
+           'gpu_step_table', 'retrieval_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table',
+           'eval_grid_table', 'faiss_table', 'distill_table', 'dashboard_table', 'fractal_workers_table',
+           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table',
+           'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table',
+           'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure',
+           'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -195,6 +196,30 @@ def gpu_step_table(results="results", part: str = "goals") -> str:
             rows[f"encode {r['encode_texts']:,} sentences at batch {bs}: {'ours' if who == 'ours' else 'sentence-transformers'} {p}"] = {
                 "median ms a step": f"{ms[key]:.1f} (the pass)", "texts/s": f"{tps[key]:,.0f}"}
     return md_table(pd.DataFrame(rows).T.rename_axis(where))
+
+# %% ../../nbs/studies/06_report.ipynb #21c014o
+RETRIEVAL_ROWS = ("float32", "int8", "int8+rescore", "binary", "binary+rescore")
+
+def retrieval_table(results="results", task: str = "stsb_paraphrase", metric: str = "ndcg_at_10") -> str:
+    "`task`'s `metric` (x100) at the last hidden state by stored precision (rows) and prefix dim (columns), with bytes a vector, from results/eval/retrieval_grid.csv."
+    path = Path(results) / "eval" / "retrieval_grid.csv"
+    if not path.is_file():
+        raise ValueError(f"no result file {str(path)!r}: run `matryoshka-lab eval ... --precisions ... --out {str(path)}`")
+    grid = pd.read_csv(path)
+    sel = grid[grid.task == task]
+    if sel.empty:
+        raise ValueError(f"{str(path)!r} has no rows for task {task!r}; it has {', '.join(sorted(set(grid.task)))}")
+    last = int(sel.layer.max())
+    sel = sel[sel.layer == last]
+    rows = {}
+    for p in RETRIEVAL_ROWS:
+        cells = sel[sel.metric == (metric if p == "float32" else f"{metric}/{p}")].set_index("dim").value
+        if len(cells):
+            rows[p] = {d: f"{v:.2f}" for d, v in cells.items()}
+    dims = sorted(sel.dim.unique())
+    rows["bytes a vector: float32 / int8 / binary"] = {d: " / ".join(str(bytes_per_vector(int(d), p)) for p in RETRIEVAL_PRECISIONS)
+                                                      for d in dims}
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"{task}: {metric}, hidden state {last}"))
 
 # %% ../../nbs/studies/06_report.ipynb #21c014f
 def demo_table(results="results", task: str = "stsb", metric: str = "spearman", layers: str | None = None) -> str:
@@ -571,7 +596,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table,
-          "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table}
+          "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
