@@ -184,7 +184,7 @@ def _st_quantize():
     return quantize_embeddings
 
 class _Codes:
-    "A corpus [N, d] (unit rows) stored at `precision` with sentence-transformers' quantize_embeddings, and how its FAISS search scores a query."
+    "A corpus [N, d] (unit rows) stored at `precision` with sentence-transformers' quantize_embeddings, and how a search of it scores a query."
     def __init__(self, corpus: torch.Tensor, precision: str):
         bytes_per_vector(corpus.shape[-1], precision)                     # a clear error for an unknown precision
         self.precision, self.dim, self._quantize = precision, corpus.shape[-1], None if precision == "float32" else _st_quantize()
