@@ -18,8 +18,9 @@ from .core import hub_offline, resolve_data_dir
 # %% auto #0
 __all__ = ['KINDS', 'TASKS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences',
            'read_table', 'sts_from_frame', 'pairs_from_frame', 'classification_from_frame', 'hierarchy_from_frame',
-           'sentences_from_frame', 'RetrievalData', 'retrieval_from_frame', 'beir_from_frames', 'read_beir', 'TaskSpec',
-           'task_spec', 'Task', 'beir_task', 'load_hub', 'load_task', 'builtin_sts', 'builtin_intents', 'mipic_corpus']
+           'sentences_from_frame', 'RetrievalData', 'retrieval_from_frame', 'retrieval_by_label', 'beir_from_frames',
+           'read_beir', 'TaskSpec', 'task_spec', 'Task', 'beir_task', 'load_hub', 'load_task', 'builtin_sts',
+           'builtin_intents', 'mipic_corpus']
 
 # %% ../nbs/03_data.ipynb #02c006
 def _check_len(name: str, **cols) -> None:
@@ -236,6 +237,18 @@ def retrieval_from_frame(df: pd.DataFrame, query="query", document="document", l
         raise ValueError(f"{df.attrs.get('source', 'data frame')}: no row is kept as a relevant (query, document) pair")
     return RetrievalData(list(rel), docs, tuple(rel.values()))
 
+def retrieval_by_label(queries: pd.DataFrame, corpus: pd.DataFrame, text="text", label="label") -> RetrievalData:
+    "Labelled queries against a labelled corpus: a query's relevant documents are the corpus rows with its label (queries whose label the corpus lacks are left out)."
+    qt, ql = _columns(queries, text, label)
+    ct, cl = _columns(corpus, text, label)
+    rows: dict[str, list[int]] = {}
+    for j, lab in enumerate(map(str, cl)):
+        rows.setdefault(lab, []).append(j)
+    kept = [(str(t), str(lab)) for t, lab in zip(qt, ql) if str(lab) in rows]
+    if not kept:
+        raise ValueError(f"{queries.attrs.get('source', 'queries')}: no query's {label!r} occurs in the corpus")
+    return RetrievalData([t for t, _ in kept], _texts(ct), tuple(dict.fromkeys(rows[lab], 1) for _, lab in kept))
+
 def beir_from_frames(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, where=None) -> RetrievalData:
     "RetrievalData from BEIR's three tables (corpus: _id, text, title?; queries: _id, text; qrels: query-id, corpus-id, score); where(n) names qrels row n in errors."
     where = where or (lambda n: f"qrels row {n + 1}")
@@ -323,6 +336,8 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
              columns=dict(query="sentence1", document="sentence2", label="label")),
     TaskSpec("stsb_paraphrase", "retrieval", "sts/stsb", ("test.jsonl",),
              columns=dict(query="sentence1", document="sentence2", score="score", min_score=4.0)),
+    TaskSpec("clinc150_intents", "retrieval", "clinc150", ("test.jsonl",), ("train.jsonl",), columns=dict(label="intent")),
+    TaskSpec("banking77_intents", "retrieval", "banking77", ("test.jsonl",), ("train.jsonl",)),
     TaskSpec("wiki_sents", "sentences", "wiki_sents", ("sentences.jsonl",)),
     TaskSpec("mipic_corpus", "sentences", "", ()),   # built from several folders: see mipic_corpus below
     TaskSpec("builtin_sts", "sts", "", ()),
@@ -393,11 +408,12 @@ def _load_local(spec: TaskSpec, root: Path) -> Task:
     folder = root / spec.folder
     if not folder.is_dir():
         raise ValueError(f"task {spec.name!r}: folder {str(folder)!r} is missing from the data directory {str(root)!r}")
+    def frame(files):
+        return _concat([read_table(folder / f) for f in files], f"{spec.folder}/{'+'.join(files)}")
+    if spec.kind == "retrieval" and spec.train:        # labelled queries (the test files) against the train files
+        return Task(spec, retrieval_by_label(frame(spec.test), frame(spec.train), **spec.columns), None, source=str(folder))
     def split(files):
-        if not files:
-            return None
-        df = _concat([read_table(folder / f) for f in files], f"{spec.folder}/{'+'.join(files)}")
-        return _from_frame(spec, df)
+        return _from_frame(spec, frame(files)) if files else None
     return Task(spec, split(spec.test), split(spec.train), source=str(folder))
 
 def beir_task(source: str | Path, split: str = "test", name: str | None = None) -> Task:

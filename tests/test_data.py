@@ -13,7 +13,8 @@ EXPECTED = {"stsb": (1379, 5749), "stsb_dev": (1500, 0), "sickr": (9927, 0), "st
             "tweeteval_emotion": (1421, 3257), "tweeteval_sentiment": (12284, 2000), "mrpc": (1725, 4076),
             "clinc150": (4500, 15000), "trec": (500, 5452), "20newsgroups": (7532, 11314), "wos": (211, 789),
             "arxiv": (416, 1584), "wiki_sents": (14750, 0), "mipic_corpus": (14041, 0),
-            "arxiv_title_abstract": (2000, 0), "mrpc_paraphrase": (1147, 0), "stsb_paraphrase": (309, 0)}   # retrieval: queries
+            "arxiv_title_abstract": (2000, 0), "mrpc_paraphrase": (1147, 0), "stsb_paraphrase": (309, 0),   # retrieval: queries
+            "clinc150_intents": (4500, 0), "banking77_intents": (3080, 0)}
 TYPES = {"sts": STSData, "pair": PairData, "classification": ClassificationData, "hierarchy": HierarchyData,
          "sentences": Sentences, "retrieval": RetrievalData}
 
