@@ -18,9 +18,9 @@ from .core import hub_offline, resolve_data_dir
 # %% auto #0
 __all__ = ['KINDS', 'TASKS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences',
            'read_table', 'sts_from_frame', 'pairs_from_frame', 'classification_from_frame', 'hierarchy_from_frame',
-           'sentences_from_frame', 'RetrievalData', 'retrieval_from_frame', 'retrieval_by_label', 'beir_from_frames',
-           'read_beir', 'TaskSpec', 'task_spec', 'Task', 'beir_task', 'load_hub', 'load_task', 'builtin_sts',
-           'builtin_intents', 'mipic_corpus']
+           'sentences_from_frame', 'RetrievalData', 'retrieval_from_frame', 'with_distractors', 'retrieval_by_label',
+           'beir_from_frames', 'read_beir', 'TaskSpec', 'task_spec', 'Task', 'beir_task', 'load_hub', 'load_task',
+           'builtin_sts', 'builtin_intents', 'mipic_corpus']
 
 # %% ../nbs/03_data.ipynb #02c006
 def _check_len(name: str, **cols) -> None:
@@ -237,6 +237,13 @@ def retrieval_from_frame(df: pd.DataFrame, query="query", document="document", l
         raise ValueError(f"{df.attrs.get('source', 'data frame')}: no row is kept as a relevant (query, document) pair")
     return RetrievalData(list(rel), docs, tuple(rel.values()))
 
+def with_distractors(data: RetrievalData, texts) -> RetrievalData:
+    "`data` with `texts` appended to its corpus as irrelevant documents (blank texts, repeats and texts already among the corpus or the queries are dropped); qrels keep their indices."
+    known = set(data.corpus) | set(data.queries)
+    extra = [t for t in dict.fromkeys(map(str, texts)) if t.strip() and t not in known]
+    ids = data.doc_ids + tuple(f"distractor-{i}" for i in range(len(extra))) if data.doc_ids else ()
+    return RetrievalData(data.queries, list(data.corpus) + extra, data.qrels, data.query_ids, ids)
+
 def retrieval_by_label(queries: pd.DataFrame, corpus: pd.DataFrame, text="text", label="label") -> RetrievalData:
     "Labelled queries against a labelled corpus: a query's relevant documents are the corpus rows with its label (queries whose label the corpus lacks are left out)."
     qt, ql = _columns(queries, text, label)
@@ -294,6 +301,7 @@ class TaskSpec:
     train: tuple[str, ...] = ()            # files (concatenated) a classifier or index is fitted on
     columns: dict = field(default_factory=dict)   # keyword arguments of the *_from_frame function
     hub: dict | None = None                # {'path', 'name', 'test', 'train', 'columns'} for online users
+    distractors: tuple = ()                # retrieval: (file under the data directory, text column) pairs added to the corpus
 
 KINDS = ("sts", "pair", "classification", "hierarchy", "sentences", "retrieval")
 
@@ -336,6 +344,9 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
              columns=dict(query="sentence1", document="sentence2", label="label")),
     TaskSpec("stsb_paraphrase", "retrieval", "sts/stsb", ("test.jsonl",),
              columns=dict(query="sentence1", document="sentence2", score="score", min_score=4.0)),
+    TaskSpec("mrpc_paraphrase_59k", "retrieval", "mrpc", ("test.jsonl",),
+             columns=dict(query="sentence1", document="sentence2", label="label"),
+             distractors=(("wiki_sents/sentences.jsonl", "text"), ("goemotions/train.jsonl", "text"))),
     TaskSpec("clinc150_intents", "retrieval", "clinc150", ("test.jsonl",), ("train.jsonl",), columns=dict(label="intent")),
     TaskSpec("banking77_intents", "retrieval", "banking77", ("test.jsonl",), ("train.jsonl",)),
     TaskSpec("wiki_sents", "sentences", "wiki_sents", ("sentences.jsonl",)),
@@ -414,7 +425,10 @@ def _load_local(spec: TaskSpec, root: Path) -> Task:
         return Task(spec, retrieval_by_label(frame(spec.test), frame(spec.train), **spec.columns), None, source=str(folder))
     def split(files):
         return _from_frame(spec, frame(files)) if files else None
-    return Task(spec, split(spec.test), split(spec.train), source=str(folder))
+    test = split(spec.test)
+    if spec.distractors:
+        test = with_distractors(test, [t for path, col in spec.distractors for t in _columns(read_table(root / path), col)[0]])
+    return Task(spec, test, split(spec.train), source=str(folder))
 
 def beir_task(source: str | Path, split: str = "test", name: str | None = None) -> Task:
     "A retrieval Task for `evaluate` from a BEIR / MTEB folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv), or from a Hub id in MTEB's layout (configs corpus, queries, default)."
