@@ -14,15 +14,16 @@ import pandas as pd
 import torch
 from scipy.stats import rankdata
 
+from .budget import RETRIEVAL_METRIC, RETRIEVAL_PRECISIONS, bytes_per_vector
 from .core import parse_dims, parse_layers
 from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, STSData, Task,
                                  load_task)
 
 # %% auto #0
-__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RETRIEVAL_PRECISIONS', 'RESCORE', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2',
-           'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
-           'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'bytes_per_vector',
-           'retrieval_grid', 'parse_precisions', 'main_metric', 'task_texts', 'score_task', 'evaluate']
+__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine',
+           'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid',
+           'mteb_undersample', 'logreg_grid', 'knn_grid', 'retrieval_grid', 'retrieval_metrics', 'parse_precisions',
+           'main_metric', 'task_texts', 'score_task', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -163,14 +164,6 @@ def knn_grid(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_l
 
 # %% ../nbs/04_eval.ipynb #03c020b
 RETRIEVAL_METRICS = ("ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10")
-RETRIEVAL_PRECISIONS = ("float32", "int8", "binary")
-
-def bytes_per_vector(dim: int, precision: str) -> int:
-    "Bytes one stored vector of `dim` features takes at `precision` (float32: 4 a feature; int8: 1; binary: 1 bit, whole bytes)."
-    if precision not in RETRIEVAL_PRECISIONS:
-        raise ValueError(f"precision must be one of {RETRIEVAL_PRECISIONS}, got {precision!r}")
-    return {"float32": 4 * dim, "int8": dim, "binary": -(-dim // 8)}[precision]
-
 def _st_quantize():
     "sentence-transformers' quantize_embeddings (the field's int8 and binary codes)."
     try:
@@ -215,6 +208,27 @@ class _Codes:
             v = (v + 128) * torch.from_numpy(np.where(steps == 0, 1, steps).astype(np.float64)) + torch.from_numpy(self.ranges[0].astype(np.float64))
         return v
 
+class _Judged:
+    "A task's relevance judgements (qrels: per query {document index: grade > 0}) over a corpus of n_docs, and the metric sums of rankings."
+    DISCOUNT = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))               # ranks 1..10
+    def __init__(self, qrels, n_docs: int):
+        Q = len(qrels)
+        ideal, self.grades = torch.zeros(Q, 10, dtype=torch.float64), torch.zeros(Q, n_docs + 1, dtype=torch.int8)   # column n_docs: 'none'
+        for i, rel in enumerate(qrels):
+            best = sorted(rel.values(), reverse=True)[:10]
+            ideal[i, :len(best)] = torch.tensor(best, dtype=torch.float64)
+            self.grades[i, list(rel)] = torch.tensor(list(rel.values()), dtype=torch.int8)
+        self.idcg, self.n_rel = ideal @ self.DISCOUNT, (self.grades > 0).sum(1).double()
+
+    def sums(self, ranked: torch.Tensor, rows: slice) -> dict[str, float]:
+        "Sums over the queries `rows` of each metric (fractions, not x100) of their rankings ranked [Q', depth] (-1: none)."
+        g = self.grades[rows].gather(1, torch.where(ranked < 0, self.grades.shape[1] - 1, ranked)).double()
+        hit = g > 0
+        first = torch.where(hit[:, :10].any(1), hit[:, :10].long().argmax(1) + 1.0, torch.inf).double()   # rank of the first hit
+        return {"ndcg_at_10": float((g[:, :10] @ self.DISCOUNT[:g[:, :10].shape[1]] / self.idcg[rows]).sum()),
+                "recall_at_10": float((hit[:, :10].sum(1) / self.n_rel[rows]).sum()),
+                "recall_at_100": float((hit[:, :100].sum(1) / self.n_rel[rows]).sum()), "mrr_at_10": float((1.0 / first).sum())}
+
 def _ranking(q: torch.Tensor, codes: _Codes, depth: int, rescore: int) -> torch.Tensor:
     "Each query's top `depth` corpus rows [Q, depth]; rescore > 0: the top depth x rescore by the stored codes, reordered by the float query against them."
     order = torch.sort(codes.scores(q), dim=1, descending=True, stable=True).indices    # ties in corpus order
@@ -232,31 +246,26 @@ def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: lis
         raise ValueError(f"qrels has {len(qrels)} queries, the query embeddings {Q}")
     if rescore and precision == "float32":
         raise ValueError("rescore re-ranks a quantized search with float queries: it needs precision int8 or binary")
-    depth = min(100, N)
-    discount = 1.0 / torch.log2(torch.arange(2, 12, dtype=torch.float64))                   # ranks 1..10
-    ideal = torch.zeros(Q, 10, dtype=torch.float64)
-    grades = torch.zeros(Q, N, dtype=torch.int8)
-    for i, rel in enumerate(qrels):
-        best = sorted(rel.values(), reverse=True)[:10]
-        ideal[i, :len(best)] = torch.tensor(best, dtype=torch.float64)
-        grades[i, list(rel)] = torch.tensor(list(rel.values()), dtype=torch.int8)
-    idcg = ideal @ discount
-    n_rel = (grades > 0).sum(1).double()
+    judged, depth = _Judged(qrels, N), min(100, N)
     out = {m: np.zeros((L, len(dims))) for m in RETRIEVAL_METRICS}
     for li in range(L):
         for k, d in enumerate(dims):
             codes = _Codes(prefix_normalize(corpus[li], d), precision)
             for start in range(0, Q, chunk):
                 rows = slice(start, min(start + chunk, Q))
-                g = grades[rows].gather(1, _ranking(prefix_normalize(queries[li, rows], d), codes, depth, rescore)).double()
-                hit = g > 0
-                first = torch.where(hit[:, :10].any(1), hit[:, :10].long().argmax(1) + 1.0, torch.inf).double()   # rank of the first hit
-                sums = {"ndcg_at_10": (g[:, :10] @ discount[:g[:, :10].shape[1]] / idcg[rows]).sum(),
-                        "recall_at_10": (hit[:, :10].sum(1) / n_rel[rows]).sum(),
-                        "recall_at_100": (hit[:, :100].sum(1) / n_rel[rows]).sum(), "mrr_at_10": (1.0 / first).sum()}
+                sums = judged.sums(_ranking(prefix_normalize(queries[li, rows], d), codes, depth, rescore), rows)
                 for m, v in sums.items():
-                    out[m][li, k] += float(v)
+                    out[m][li, k] += v
     return {m: 100.0 * v / Q for m, v in out.items()}
+
+def retrieval_metrics(ranked, qrels) -> dict[str, float]:
+    "RETRIEVAL_METRICS (x100, means over queries) of rankings ranked [Q, k] (corpus indices best first, -1 where a search found fewer; k >= 10); recall_at_100 only when k >= 100."
+    ranked = torch.as_tensor(np.asarray(ranked), dtype=torch.long)
+    if ranked.ndim != 2 or ranked.shape[0] != len(qrels) or ranked.shape[1] < 10:
+        raise ValueError(f"ranked must be [{len(qrels)} queries, k >= 10] corpus indices, got shape {tuple(ranked.shape)}")
+    n_docs = max(int(ranked.max()), *(max(rel) for rel in qrels)) + 1
+    sums = _Judged(qrels, n_docs).sums(ranked, slice(None))
+    return {m: 100.0 * v / len(qrels) for m, v in sums.items() if m != "recall_at_100" or ranked.shape[1] >= 100}
 
 RESCORE = 2   # rescoring's shortlist: RESCORE x 100 by the codes (sentence-transformers' default rescore_multiplier)
 
@@ -270,7 +279,7 @@ def parse_precisions(spec) -> list[str]:
     return list(dict.fromkeys(items))
 
 # %% ../nbs/04_eval.ipynb #03c022
-MAIN_METRIC = {"sts": "spearman", "classification": "accuracy", "pair": "ap", "retrieval": "ndcg_at_10"}
+MAIN_METRIC = {"sts": "spearman", "classification": "accuracy", "pair": "ap", "retrieval": RETRIEVAL_METRIC}
 
 def main_metric(task: Task) -> str:
     "The headline metric of a task (hierarchies: k-NN accuracy at the finest level)."

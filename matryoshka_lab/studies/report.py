@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .. import stats
-from ..eval import RETRIEVAL_PRECISIONS, bytes_per_vector
+from ..budget import RETRIEVAL_PRECISIONS, bytes_per_vector
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
 from .baselines import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
