@@ -21,14 +21,16 @@ from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
     list_arrays, list_snapshots, load_snapshot, natural_key, read_file, resolve_run, run_file, runs_root, safe_runs,
     snapshot_figure, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
+from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'client_allowed', 'empty_figure',
            'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane',
-           'with_exports', 'tab', 'find_grids', 'read_grid', 'grid_view', 'RunPickerMixin', 'MonitorMixin',
-           'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'show']
+           'with_exports', 'tab', 'find_grids', 'read_grid', 'grid_view', 'budget_view', 'RunPickerMixin',
+           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
+           'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -173,6 +175,43 @@ def grid_view(root: Path):
     run.param.watch(load, "value")
     load()
     return tab("Grids", [run, pair], pn.bind(view, pair, run))
+
+# %% ../nbs/24_workbench.ipynb #20c016b
+def budget_view(root: Path):
+    "The Budget tab: a grid.csv picker, a retrieval task, a tolerance; the quality-per-byte frontier, the cheapest cell within the tolerance and every cell that is."
+    grids = find_grids(root)
+    if not grids:
+        return pn.pane.Markdown("No `grid.csv` under the runs root yet.")
+    run = pn.widgets.Select(label="Grid", options=list(grids), width=SIDEBAR)
+    task = pn.widgets.Select(label="Retrieval task", width=SIDEBAR)
+    tolerance = pn.widgets.FloatSlider(label="Tolerance (share of the full model's nDCG@10)", start=0.0, end=0.2,
+                                       step=0.005, value=0.01, width=SIDEBAR)
+    state = {"df": pd.DataFrame(columns=COLUMNS)}
+
+    def load(_=None):
+        df = state["df"] = read_grid(grids[run.value], root)
+        tasks = sorted(df.task[df.metric == RETRIEVAL_METRIC].unique())
+        task.options, task.value = tasks, tasks[0] if tasks else None
+
+    def view(name, tol, _run):
+        if not name:
+            return pn.pane.Markdown("This grid has no retrieval task (no `ndcg_at_10` rows): `matryoshka-lab eval --tasks "
+                                    "mrpc_paraphrase --precisions float32,int8,binary --out runs/NAME/grid.csv` writes one.")
+        try:
+            fig, pick = plot_frontier(state["df"], name, tolerances=(tol,)), advise(state["df"], name, tol).iloc[0]
+        except ValueError as err:
+            return pn.pane.Markdown(f"{name}: {err}")
+        cells = budget_cells(state["df"], name)
+        within = cells[cells.ratio >= 1 - tol].sort_values(["bytes_per_vector", "score"], ascending=[True, False])
+        words = (f"**Cheapest within {tol:.1%} of the full model**: layer {pick.layer}, dim {pick.dim}, {pick.precision}: "
+                 f"{pick.bytes_per_vector} bytes a vector, nDCG@10 {pick.score:.2f} ({pick.ratio:.1%} of the full model's).")
+        return pn.Column(figure_pane(fig), export_row(lambda: fig, f"budget_{name}"), pn.pane.Markdown(words),
+                         pn.pane.DataFrame(within.round(3), sizing_mode="stretch_width", max_rows=30),
+                         sizing_mode="stretch_width")
+
+    run.param.watch(load, "value")
+    load()
+    return tab("Budget", [run, task, tolerance], pn.bind(view, task, tolerance, run))
 
 # %% ../nbs/24_workbench.ipynb #20c021
 CONFIG_BYTES = 1 << 20   # the largest config.json read
@@ -538,7 +577,7 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         return self.layout
 
     def _layout(self) -> pn.Column:
-        "The header (title, run picker, step pane, status) over the four tabs: controls on the left, figures in the rest."
+        "The header (title, run picker, step pane, status) over the five tabs: controls on the left, figures in the rest."
         title = pn.pane.Markdown(f"# matryoshka_lab workbench\nRuns root: `{self.root}` (set ${RUNS_ENV})")
         if not self.names:
             title.object += ("\n\nNo runs under the runs root yet (a run is a folder with metrics.jsonl, config.json "
@@ -553,7 +592,8 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                       pn.Row(with_exports(self.cmp_plot, "compare"), with_exports(self.cmp_lines, "compare_curves"),
                              sizing_mode="stretch_width"))
         grids = pn.Column(grid_view(self.root), name="Grids", sizing_mode="stretch_width")
-        self.tabs = pn.Tabs(monitor, snaps, compare, grids, dynamic=False, sizing_mode="stretch_width")
+        budget = pn.Column(budget_view(self.root), name="Budget", sizing_mode="stretch_width")
+        self.tabs = pn.Tabs(monitor, snaps, compare, grids, budget, dynamic=False, sizing_mode="stretch_width")
         return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
                          sizing_mode="stretch_width")
 

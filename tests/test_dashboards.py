@@ -34,8 +34,11 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 
 
 def write_grid(path):
+    "An STS grid, and a retrieval task's nDCG@10 at three stored precisions (what the Budget tab reads)."
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [("stsb", l, d, "spearman", 50.0 + l + d / 100) for l in range(3) for d in (16, 32)]
+    rows += [("paraphrase", l, d, "ndcg_at_10" + ("" if p == "float32" else f"/{p}"), 60.0 + 5 * l + d / 16 - drop)
+             for l in (1, 2) for d in (16, 32) for p, drop in (("float32", 0), ("int8", 0.5), ("binary", 8))]
     pd.DataFrame(rows, columns=["task", "layer", "dim", "metric", "value"]).to_csv(path, index=False)
 
 
@@ -452,11 +455,12 @@ def test_browser_shows_new_step_within_2s(tmp_path):
         page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
         size = lambda: page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
         sizes = {"Monitor": size()}
-        for tab in ("Snapshots", "Compare", "Grids"):
+        for tab in ("Snapshots", "Compare", "Grids", "Budget"):
             page.get_by_text(tab, exact=True).first.click()
             time.sleep(1.5)
             page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
             sizes[tab] = size()
+        assert page.get_by_text("Cheapest within 1.0% of the full model").count() == 1   # the Budget tab's advice
         print("page width x height per tab at a 1500 x 1100 window:", sizes)
         # every tab uses the window: no sideways scrolling, and at most a short scroll down (three figures were 4,700 px)
         assert all(w <= 1500 and h <= 1500 for w, h in sizes.values()), sizes
