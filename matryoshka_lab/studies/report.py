@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .. import stats
-from ..budget import RETRIEVAL_PRECISIONS, bytes_per_vector
+from ..budget import RETRIEVAL_PRECISIONS, advise, budget_cells, bytes_per_vector, pareto
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
 from .baselines import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
@@ -27,12 +27,13 @@ from .fractal_paper import capacity_table, fmt, table5
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'RETRIEVAL_ROWS', 'ENCODE_GOALS',
            'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES',
            'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
-           'gpu_step_table', 'retrieval_table', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table',
-           'eval_grid_table', 'faiss_table', 'distill_table', 'dashboard_table', 'fractal_workers_table',
-           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table',
-           'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table',
-           'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure',
-           'step_time_figure', 'spectra_figure', 'write_figures']
+           'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table', 'budget_table', 'funnel_figure',
+           'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table',
+           'faiss_table', 'distill_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
+           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
+           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
+           'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -220,6 +221,132 @@ def retrieval_table(results="results", task: str = "stsb_paraphrase", metric: st
     rows["bytes a vector: float32 / int8 / binary"] = {d: " / ".join(str(bytes_per_vector(int(d), p)) for p in RETRIEVAL_PRECISIONS)
                                                       for d in dims}
     return md_table(pd.DataFrame(rows).T.rename_axis(f"{task}: {metric}, hidden state {last}"))
+
+# %% ../../nbs/studies/06_report.ipynb #21c014r
+def _funnel(results) -> dict:
+    return _result_file(results, "bench", "funnel.json", command="python bench/funnel.py --out results/bench/funnel.json")
+
+def _setting(r: dict) -> str:
+    "A funnel curve row in words."
+    if r["stage"] != "funnel":
+        return f"{'exact' if r['stage'] == 'exact' else 'HNSW'} float32, {r['prefix']} dims"
+    return f"{r['precision']} {r['prefix']} dims, {r['index']} -> rerank at full width"
+
+def funnel_table(results="results", min_ratio: float = 0.99) -> str:
+    "Exact search, full-width HNSW and, per shortlist index, its fastest setting keeping `min_ratio` of exact nDCG@10 (or its best ratio), from results/bench/funnel.json."
+    res = _funnel(results)
+    curve = pd.DataFrame(res["curve"])
+    rows = {}
+    for _, r in curve[curve.stage != "funnel"].iterrows():
+        rows[_setting(r)] = r
+    for _, g in curve[curve.stage == "funnel"].groupby(["precision", "index", "prefix"], sort=False):
+        ok = g[g.ndcg_ratio >= float(min_ratio)]
+        r = ok.loc[ok.speedup_vs_exact.idxmax()] if len(ok) else g.loc[g.ndcg_ratio.idxmax()]
+        rows[_setting(r) + ("" if len(ok) else f" (never {float(min_ratio):g})")] = r
+    table = pd.DataFrame({k: {"shortlist k'": int(r["shortlist"]) or "-", "nDCG@10": f"{r['ndcg_at_10']:.2f}",
+                              "/ exact": f"{r['ndcg_ratio']:.3f}", "median us": f"{r['median_us']:.0f}",
+                              "p90 us": f"{r['p90_us']:.0f}", "speedup": f"{r['speedup_vs_exact']:.1f}x",
+                              "index bytes a vector": int(r["bytes_per_vector"])} for k, r in rows.items()}).T
+    s = res["settings"]
+    where = (f"{s['n_corpus']:,} documents, {s['n_queries']:,} queries ({s['n_timed']} timed one a call, "
+             f"{s['threads']} thread, {s['rounds']} rounds)")
+    return md_table(table.rename_axis(where))
+
+def query_latency_table(results="results", part: str = "search") -> str:
+    "results/bench/funnel.json's latency tables: `search` (us, one top-10 search of a single-stage index: precision x dim) or `encode` (us, one query through l layers)."
+    lat = _funnel(results)["latency"]
+    if part == "encode":
+        enc = pd.DataFrame(lat["encode"])
+        return md_table(pd.DataFrame({"encode one query, us": {int(l): f"{v:,.0f}" for l, v in zip(enc.layer, enc.encode_us)}}).T
+                        .rename_axis("layers run"))
+    if part != "search":
+        raise ValueError(f"part must be 'search' or 'encode', got {part!r}")
+    s = pd.DataFrame(lat["search"]).pivot(index="precision", columns="dim", values="search_us")
+    return md_table(s.loc[[p for p in RETRIEVAL_ROWS if p in s.index]].map(lambda v: f"{v:,.0f}").rename_axis("search, us \\ dim"))
+
+def budget_table(results="results", tolerances: str = "0.01,0.05") -> str:
+    "budget.advise on every task of results/eval/retrieval_grid.csv at each tolerance: the cheapest cell by bytes and the fastest by query latency (results/bench/funnel.json)."
+    path = Path(results) / "eval" / "retrieval_grid.csv"
+    if not path.is_file():
+        raise ValueError(f"no result file {str(path)!r}: run `matryoshka-lab eval ... --precisions ... --out {str(path)}`")
+    grid, latency = pd.read_csv(path), _funnel(results)["latency"]
+    rows = {}
+    for task in dict.fromkeys(grid.task):
+        for t in (float(x) for x in str(tolerances).split(",")):
+            a = advise(grid, task, t, latency=latency).set_index("cheapest_by")
+            cell = lambda r: f"L{r.layer} d{r.dim} {r.precision}"
+            b, f = a.loc["bytes"], a.loc["latency"]
+            rows[(task, f"{t:.0%}")] = {"by bytes": f"{cell(b)}: {b.bytes_per_vector} B ({b.ratio:.1%})",
+                                        "by latency": f"{cell(f)}: {f.latency_us / 1000:.1f} ms ({f.ratio:.1%})"}
+    table = pd.DataFrame(rows).T
+    table.index = [f"{task} ({tol})" for task, tol in table.index]
+    return md_table(table.rename_axis("task (tolerance)"))
+
+def funnel_figure(results="results", min_ratio: float = 0.99, goal: float = 10.0) -> Figure:
+    "Quality kept (nDCG@10 / exact) against median query latency for every funnel setting of results/bench/funnel.json, the goal region shaded."
+    res = _funnel(results)
+    curve = pd.DataFrame(res["curve"])
+    exact = curve[curve.stage == "exact"].iloc[0]
+    fig = Figure(figsize=(9, 4.6), layout="constrained")
+    ax = fig.subplots()
+    ax.axvspan(1, exact.median_us / goal, ymin=0, ymax=1, color="tab:green", alpha=0.06)
+    ax.axhline(min_ratio, color="tab:green", lw=0.8, ls="--", label=f"{min_ratio:g} of exact nDCG@10; shaded: >= {goal:g}x faster")
+    styles = {"float32": "o-", "binary": "s--"}
+    for (p, kind, d), g in curve[curve.stage == "funnel"].groupby(["precision", "index", "prefix"], sort=False):
+        g = g.sort_values("shortlist")
+        ax.plot(g.median_us, g.ndcg_ratio, styles[p], ms=3.5, lw=1, label=f"{p} {d}, {kind}")
+    for stage, marker in (("exact", "*"), ("hnsw", "D")):
+        r = curve[curve.stage == stage].iloc[0]
+        ax.plot([r.median_us], [r.ndcg_ratio], marker, color="black", ms=9 if stage == "exact" else 6, ls="none",
+                label=f"{'exact' if stage == 'exact' else 'HNSW'} float32 {int(r.prefix)} ({r.median_us:,.0f} us)")
+    ax.set_xscale("log")
+    ax.set_xlim(curve.median_us.min() * 0.7, exact.median_us * 1.5)
+    ax.set_ylim(max(0.85, curve.ndcg_ratio.min() - 0.01), 1.005)
+    ax.set_xlabel("median query latency, us (one query a call, shortlist + rerank; log)")
+    ax.set_ylabel("nDCG@10 / exact search's")
+    s = res["settings"]
+    ax.set_title(f"Funnel search on {s['n_corpus']:,} documents: each line a shortlist index, points k' = "
+                 f"{', '.join(str(int(k)) for k in sorted(curve.shortlist[curve.shortlist > 0].unique()))}", fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    return fig
+
+def budget_figure(results="results", tolerances=(0.01, 0.05)) -> Figure:
+    "Per task of results/eval/retrieval_grid.csv: nDCG@10 against bytes a vector for every (layer, dim, precision) cell, the Pareto frontier and budget.advise's picks."
+    path = Path(results) / "eval" / "retrieval_grid.csv"
+    if not path.is_file():
+        raise ValueError(f"no result file {str(path)!r}")
+    grid = pd.read_csv(path)
+    tasks = list(dict.fromkeys(grid.task))
+    cols = min(3, len(tasks))
+    fig = Figure(figsize=(4.3 * cols, 3.5 * -(-len(tasks) // cols)), layout="constrained")
+    axes = list(fig.subplots(-(-len(tasks) // cols), cols, squeeze=False).flat)
+    colours = {"float32": "tab:blue", "int8": "tab:green", "int8+rescore": "yellowgreen", "binary": "tab:red",
+               "binary+rescore": "salmon"}
+    for ax, task in zip(axes, tasks):
+        cells = budget_cells(grid, task)
+        for p, g in cells.groupby("precision", sort=False):
+            ax.scatter(g.bytes_per_vector, g.score, s=6 + 3 * g.layer, color=colours.get(p, "grey"), alpha=0.55, label=p, lw=0)
+        front = pareto(cells)
+        ax.step(front.bytes_per_vector, front.score, where="post", color="black", lw=0.9)
+        ref = float(cells.score[cells.ratio == 1.0].iloc[0])
+        ax.axhline(ref, color="black", ls=":", lw=0.7)
+        for t, ls, dy in zip(tolerances, ("--", "-."), (4, -14)):
+            a = advise(grid, task, t).iloc[0]
+            ax.axhline(ref * (1 - t), color="grey", ls=ls, lw=0.6)
+            ax.scatter([a.bytes_per_vector], [a.score], s=120, facecolors="none", edgecolors="black", lw=1)
+            ax.annotate(f"{t:.0%}: L{a.layer} d{a.dim} {a.precision}", (a.bytes_per_vector, a.score), fontsize=6.5,
+                        xytext=(8, dy), textcoords="offset points", ha="right" if a.bytes_per_vector > 128 else "left")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(max(0, cells.score.min() - 2), ref * 1.03)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("bytes a vector (log)", fontsize=8)
+        ax.set_ylabel("nDCG@10", fontsize=8)
+    for ax in axes[len(tasks):]:
+        ax.set_axis_off()
+    fig.axes[0].legend(fontsize=6.5, loc="lower right", markerscale=1.5)
+    fig.suptitle("The embedded model's retrieval budget: every layer x dim x precision, the Pareto frontier (black), "
+                 "the cheapest cell within 1 % and 5 % (rings)", fontsize=9)
+    return fig
 
 # %% ../../nbs/studies/06_report.ipynb #21c014f
 def demo_table(results="results", task: str = "stsb", metric: str = "spearman", layers: str | None = None) -> str:
@@ -596,7 +723,8 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table,
-          "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table}
+          "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
+          "funnel": funnel_table, "query_latency": query_latency_table, "budget": budget_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
@@ -726,7 +854,8 @@ def spectra_figure(results="results", dims=(16, 32, 64, 128, 256)) -> Figure:
 
 FIGURES = {"vs_mrl_angle": (vs_mrl_figure, dict(setting="angle", methods="2dmse,ese,mipic,mic")),
            "steerability_clinc150": (steerability_figure, dict(dataset="clinc150")),
-           "step_time": (step_time_figure, {}), "spectra_mipic": (spectra_figure, {})}
+           "step_time": (step_time_figure, {}), "spectra_mipic": (spectra_figure, {}),
+           "funnel": (funnel_figure, {}), "budget": (budget_figure, {})}
 
 def write_figures(results="results", out=None) -> list[Path]:
     "Every figure of FIGURES drawn from the result files under `results` into OUT/NAME.png (default RESULTS/figures), with OUT/meta.json naming the matplotlib that drew them."
