@@ -15,11 +15,16 @@ from pathlib import Path
 
 import torch
 
+import pandas as pd
+
+from .budget import advise, bytes_per_vector
 from .distributed import Dist
 from .encoder import Encoder
+from .plots import grid_table, headline
 
 # %% auto #0
-__all__ = ['save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'export_model']
+__all__ = ['save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'export_model',
+           'model_card']
 
 # %% ../nbs/11_checkpoint.ipynb #08c014
 def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> dict:
@@ -127,12 +132,25 @@ def resume_checkpoint(run_dir: str | Path, main: bool = True) -> Path | None:
     return None
 
 # %% ../nbs/11_checkpoint.ipynb #08c016
-def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None) -> Path:
-    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder."
+def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None, dims=None, layers=None,
+                 card: str | None = None) -> Path:
+    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder; `dims` / `layers`: the prefixes / hidden states trained as embeddings (config.json), `card`: its README.md."
     enc = encoder.truncated(n_layers) if n_layers is not None else encoder
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     enc.model.save_pretrained(path, safe_serialization=True)
+    if dims or layers:
+        kept = [l for l in (layers or ()) if l <= enc.num_layers]
+        if dims and (min(dims) < 1 or max(dims) > enc.hidden_size):
+            raise ValueError(f"dims must be prefix sizes in 1..{enc.hidden_size}, got {sorted(dims)}")
+        config = json.loads((path / "config.json").read_text())
+        if dims:   # vLLM reads these two: `dimensions` in a request is accepted, and checked against the list
+            config.update(is_matryoshka=True, matryoshka_dimensions=sorted(set(int(d) for d in dims)))
+        if kept:
+            config["matryoshka_layers"] = sorted(set(int(l) for l in kept))
+        (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if card is not None:
+        (path / "README.md").write_text(card, encoding="utf-8")
     enc.tokenizer.save_pretrained(path)
     (path / "1_Pooling").mkdir(exist_ok=True)
     modes = {f"pooling_mode_{m}": enc.pooling == p for m, p in
@@ -145,3 +163,44 @@ def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}], indent=1))
     return path
+
+# %% ../nbs/11_checkpoint.ipynb #08c016b
+def _md(df: pd.DataFrame) -> str:
+    "df as a markdown table, its index the first column."
+    rows = [[str(df.index.name or "")] + [str(c) for c in df.columns], ["---"] * (len(df.columns) + 1)]
+    rows += [[str(i)] + [str(v) for v in r] for i, r in zip(df.index, df.itertuples(index=False))]
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+def model_card(config: dict, dims=None, layers=None, grid: pd.DataFrame | None = None, tolerances=(0.01, 0.05)) -> str:
+    "README.md of an exported run: how it was trained, what it can be cut to, and (from its grid.csv) each evaluated task by prefix (every layer for a 2D run) with the cheapest cell within each tolerance of the full model."
+    c = config
+    out = ["---", "library_name: sentence-transformers", "tags:", "- sentence-transformers", "- matryoshka", "- matryoshka_lab",
+           "---", "", f"# {Path(c.get('run_dir', 'model')).name}", "",
+           f"Trained with matryoshka_lab: method `{c.get('method')}`, objective `{c.get('objective')}`, on "
+           f"`{c.get('train_task')}` for {c.get('max_steps')} steps (seed {c.get('seed')}), from `{c.get('model')}`.", "",
+           "## What it can be cut to", ""]
+    if dims:
+        out += [f"- **Prefixes** trained as embeddings: {', '.join(map(str, sorted(dims)))} dims (`matryoshka_dimensions` in "
+                "config.json). Keep the first d features and compare them by cosine; sentence-transformers cuts with `truncate_dim`:", "",
+                "```python", "from sentence_transformers import SentenceTransformer",
+                f"model = SentenceTransformer(\"path/to/this/folder\", truncate_dim={sorted(dims)[0]})", "```", ""]
+    else:
+        out += [f"- Method `{c.get('method')}` trains no prefix as an embedding of its own: shorter prefixes are as good as "
+                "the table below says, no better.", ""]
+    if layers:
+        out += [f"- **Hidden states** trained as embeddings: layers {', '.join(map(str, sorted(layers)))} (`matryoshka_layers`): "
+                "`Encoder.from_pretrained(folder).truncated(l)` runs the first l layers only.", ""]
+    if grid is not None and len(grid):
+        out += ["## Budget", "", "The run's final evaluation (its grid.csv), x100. Bytes a vector: float32 / int8 / binary.", ""]
+        for task, metric in headline(grid):
+            t = grid_table(grid, task, metric)
+            t = t if layers else t.loc[[t.index.max()]]
+            t = t.map(lambda v: f"{v:.2f}").rename_axis(f"{task}: {metric}, layer \\ dim")
+            t.loc["bytes"] = [" / ".join(str(bytes_per_vector(int(d), p)) for p in ("float32", "int8", "binary")) for d in t.columns]
+            out += [_md(t), ""]
+            for tol in tolerances:
+                a = advise(grid, task, tol, metric=metric).iloc[0]
+                out.append(f"- Within {tol:.0%} of the full model: layer {a.layer}, {a.dim} dims, {a.precision}, "
+                           f"{a.bytes_per_vector} bytes a vector ({metric} {a.score:.2f}, {a.ratio:.1%} of the full model's).")
+            out.append("")
+    return "\n".join(out)

@@ -163,6 +163,8 @@ class DistillNCMethod(Method):
                            lambda_align=opts.lambda_align, lambda_cls=opts.lambda_cls)
     def training_data(self, config) -> TrainData:
         return distill_data(config)
+    def trained_cuts(self, loss, hidden_size, num_layers):            # its dims are projections of the output, not prefixes
+        return None, None
     def callbacks(self, config) -> list:     # NC1 of student and teacher on a held-out probe, with the evaluations
         return [NC1Callback(config.eval_every)] if config.eval_every >= 0 else []
 

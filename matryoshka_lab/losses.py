@@ -343,6 +343,8 @@ class TwoDMSEMethod(Method):
         return TwoDMSE(ctx.objective, dims=tuple(d for d in ctx.dims if d < ctx.hidden_size) or None, **options)
     def task_loss(self, loss, a, b, target, draws):                  # Eq. 2-5, the alignment of Eq. 6 off
         return dataclasses.replace(loss, lambdas={**loss.lambdas, "align": 0.0})(a, b, target, generator=draws()).total
+    def trained_cuts(self, loss, hidden_size, num_layers):            # d ~ sizes(D) and the full width, every layer n >= 1
+        return (*loss.sizes(hidden_size), hidden_size), tuple(range(1, num_layers + 1))
 
 @register
 class ESEMethod(Method):
@@ -350,3 +352,5 @@ class ESEMethod(Method):
     name, options, context = "ese", ESE, ("objective",)
     def task_loss(self, loss, a, b, target, draws):                  # without the compression term
         return dataclasses.replace(loss, compress=False)(a, b, target).total
+    def trained_cuts(self, loss, hidden_size, num_layers):            # the first k dims and the full width, every layer
+        return tuple(sorted({loss.compression_size, hidden_size})), tuple(range(1, num_layers + 1))

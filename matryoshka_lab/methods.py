@@ -121,6 +121,11 @@ class Method:
         "The task part of `loss` on views a, b (draws() gives a fresh generator with the seed of the whole loss's draws); default: all of it."
         return loss(a, b, target, generator=draws()).total
 
+    def trained_cuts(self, loss, hidden_size: int, num_layers: int) -> tuple:
+        "(dims, layers) that `loss` trains as embeddings of their own: prefix sizes of the pooled output (with the full width) and hidden states, each None where it trains none; an exported model declares them. Default: the loss's `dims`, no layers."
+        dims = sorted({*map(int, getattr(loss, "dims", None) or ()), int(hidden_size)})
+        return (tuple(dims) if len(dims) > 1 else None), None
+
     def __repr__(self):
         return f"{type(self).__name__}(name={self.name!r}, options={self.option_names()})"
 

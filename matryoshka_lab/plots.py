@@ -46,7 +46,7 @@ def headline(df: pd.DataFrame) -> list[tuple[str, str]]:
     out = []
     for task in dict.fromkeys(df.task):
         metrics = list(dict.fromkeys(df[df.task == task].metric))
-        pick = next((m for m in ("spearman", "accuracy", "ap") if m in metrics), None)
+        pick = next((m for m in ("spearman", "accuracy", "ap", "ndcg_at_10") if m in metrics), None)
         pick = pick or next((m for m in reversed(metrics) if m.startswith("knn_acc_")), metrics[0])
         out.append((task, pick))
     return out

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .checkpoint import export_model, load_checkpoint, resume_checkpoint, save_checkpoint
+from .checkpoint import export_model, load_checkpoint, model_card, resume_checkpoint, save_checkpoint
 from .config import TrainConfig, config_changes, load_config, make_config
 from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
 from .data import PairData, STSData, load_task
@@ -371,13 +372,20 @@ class Trainer:
             self.log = RunLog(run_dir, config=cfg.to_dict(), keep_until=self.step) if main else None
             self._loop()
             if main:
-                export_model(self.encoder, run_dir / "model")
+                self.export(run_dir / "model")
         finally:
             if self.log is not None:
                 self.log.close()
             lock.release()
         self.encoder.eval()
         return self
+
+    def export(self, path: Path) -> Path:
+        "The model as a folder at path: config.json declares what the method trained as embeddings, README.md is its card with the run's last evaluation (grid.csv)."
+        dims, layers = self.method.trained_cuts(self.loss_fn, self.encoder.hidden_size, self.encoder.num_layers)
+        grid = Path(self.config.run_dir) / "grid.csv"
+        card = model_card(self.config.to_dict(), dims, layers, pd.read_csv(grid) if grid.is_file() else None)
+        return export_model(self.encoder, path, dims=dims, layers=layers, card=card)
 
     def _loop(self) -> None:
         "The steps from self.step + 1 to cfg.max_steps between before_fit and after_fit, with a progress bar."

@@ -38,6 +38,13 @@ def test_every_config_trains_through_the_cli(config, tiny_model_dir, tmp_path):
     assert run.config["method"] == load_config(config).method
     assert (tmp_path / "run" / "grid.csv").is_file() and "builtin_sts: spearman" in res.stdout
     assert any(n.startswith("builtin_sts/L3/d32/") for n in run.metrics[run.metrics.split == "eval"].name)
+    # the exported folder declares what the method trained as embeddings, and its card shows the last evaluation
+    method = load_config(config).method
+    expected = {"base": (None, None), "distill_nc": (None, None), "ese": ([16, 32], [1, 2, 3]),
+                "2dmse": ([8, 16, 32], [1, 2, 3])}.get(method, ([8, 16, 32], None))
+    saved = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert (saved.get("matryoshka_dimensions"), saved.get("matryoshka_layers")) == expected, (method, saved)
+    assert "| builtin_sts: spearman, layer \\ dim |" in (tmp_path / "run" / "model" / "README.md").read_text()
     # the exported model evaluates like any model folder, and `eval RUN_DIR` picks the run's own settings
     res = subprocess.run(["matryoshka-lab", "eval", str(tmp_path / "run"), "--no-progress"], capture_output=True,
                          text=True, timeout=300)
