@@ -1,5 +1,5 @@
-"""bench/gpu_step.py run as a user would (a subprocess), on the CPU at tiny sizes: every setup runs, and the last line
-is the JSON the GPU run reports (also written by --out)."""
+"""Benches run as a user would (a subprocess) at tiny sizes: bench/gpu_step.py on the CPU (every setup runs, the last
+line is the JSON the GPU run reports, also written by --out) and bench/funnel.py with a tiny model."""
 import json
 import os
 import subprocess
@@ -30,3 +30,28 @@ def test_gpu_step_runs_on_the_cpu(data_dir, tmp_path):
     assert set(result["median_ms"]) == setups
     assert result["batch_size"] == 4 and result["max_length"] == 16 and result["encode_texts"] == 16
     assert json.loads(out.read_text())["result"] == result
+
+
+def test_funnel_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path):
+    "bench/funnel.py on MRPC's paraphrase task with a tiny model: the curve, both latency tables and the last-line summary."
+    out = tmp_path / "funnel.json"
+    args = ["--data-dir", str(data_dir), "--model", str(tiny_model_dir), "--task", "mrpc_paraphrase", "--prefixes", "8",
+            "--binary-prefixes", "16", "--shortlists", "10,50", "--grid-dims", "8,32", "--n-timed", "5", "--rounds", "1",
+            "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MATRYOSHKA_LAB_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "funnel.py"), *args], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    record = json.loads(out.read_text())
+    assert record["summary"] == summary and summary["n_queries"] == 1147
+    assert len(record["curve"]) == 2 + 2 * 2 * 2                     # exact, HNSW, 2 shortlisters x 2 indexes x 2 sizes
+    assert {(r["dim"], r["precision"]) for r in _rows(record["latency"]["search"])} == {
+        (d, p) for d in (8, 32) for p in ("float32", "int8", "binary", "int8+rescore", "binary+rescore")}
+    assert record["latency"]["encode"]["layer"] == [1, 2, 3]
+
+
+def _rows(columns: dict) -> list[dict]:
+    "A to_dict(orient='list') table back as rows."
+    return [dict(zip(columns, vals)) for vals in zip(*columns.values())]
