@@ -69,7 +69,7 @@ class FunnelIndex:
         return self.index.search(codes, n)[1]
 
     def search(self, queries: np.ndarray, k: int = 10, shortlist: int = 100) -> np.ndarray:
-        "Corpus rows [Q, k] of each query's k best by the full-width cosine among its `shortlist` best by the index."
+        "Corpus rows [Q, k] of each query's k best by the full-width cosine among its `shortlist` best by the index (-1 where an HNSW index found fewer than k)."
         if not 1 <= k <= shortlist <= len(self):
             raise ValueError(f"need 1 <= k <= shortlist <= {len(self)} (the corpus), got k {k}, shortlist {shortlist}")
         ids = self.shortlist(queries, shortlist)

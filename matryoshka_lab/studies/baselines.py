@@ -221,7 +221,7 @@ def delta_table(stats: pd.DataFrame, method: str, reference: str = "mrl") -> pd.
     return (mean[method] - mean[reference]).unstack("dim")
 
 # %% ../../nbs/studies/02_baselines.ipynb #10c014b
-TASK_METRIC = {"sts": "spearman", "classification": "f1", "pair": "accuracy"}
+TASK_METRIC = {"sts": "spearman", "classification": "f1", "pair": "accuracy", "retrieval": "ndcg_at_10"}
 
 def task_metric(task: str) -> str:
     "The papers' metric of a task: Spearman (STS), macro-F1 of logistic regression (classification), best-threshold accuracy (pairs)."

@@ -103,10 +103,18 @@ def _one_metric(tasks: list[str]) -> str:
         raise ValueError(f"tasks {tasks} are scored in different metrics ({', '.join(metrics)}): a cell averages one")
     return metrics[0]
 
+def _at_precision(summary: pd.DataFrame, precision: str) -> pd.DataFrame:
+    "The rows of one stored precision with the metrics named without it ('ndcg_at_10/binary' -> 'ndcg_at_10'); float32: the rows of metrics without one."
+    head, _, at = summary.metric.str.partition("/")
+    keep = at == ("" if precision == "float32" else precision)
+    if not keep.any():
+        raise ValueError(f"the result file has no rows at precision {precision!r}")
+    return summary[keep].assign(metric=head[keep])
+
 def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None,
-               tasks: str = "sts") -> str:
-    "Mean ± std over seeds of the tasks' mean score x100 in their papers' metric (default: the STS test sets' Spearman), method x (layer, dim) cell, from results/baselines/SETTING."
-    summary, _ = _baselines(results, setting)
+               tasks: str = "sts", precision: str = "float32") -> str:
+    "Mean ± std over seeds of the tasks' mean score x100 in their papers' metric (default: the STS test sets' Spearman; retrieval at a stored `precision`), method x (layer, dim) cell, from results/baselines/SETTING."
+    summary = _at_precision(_baselines(results, setting)[0], precision)
     chosen = _tasks(tasks, summary)
     stats = seed_stats(summary, chosen, _one_metric(chosen)).set_index(["method", "layer", "dim"])
     rows = {}
@@ -124,9 +132,9 @@ def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3
     return md_table(pd.DataFrame(rows).T.rename_axis("model"))
 
 def vs_mrl_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3d384,L3d16", methods=None,
-                 tasks: str = "sts") -> str:
-    "Each method minus MRL at each (layer, dim) cell over the matched (seed, task) pairs, each task in its papers' metric (default: the STS test sets): 'mean (won/pairs, p=Wilcoxon)'."
-    summary, _ = _baselines(results, setting)
+                 tasks: str = "sts", precision: str = "float32") -> str:
+    "Each method minus MRL at each (layer, dim) cell over the matched (seed, task) pairs, each task in its papers' metric (default: the STS test sets; retrieval at a stored `precision`): 'mean (won/pairs, p=Wilcoxon)'."
+    summary = _at_precision(_baselines(results, setting)[0], precision)
     present = [m for m in dict.fromkeys(summary.method) if m not in ("mrl", "untrained")]
     chosen, cells = _methods(methods, present), _cells(cells)
     layers, dims = sorted({c[1] for c in cells}), sorted({c[2] for c in cells})
