@@ -105,8 +105,8 @@ def _one_metric(tasks: list[str]) -> str:
 
 def _at_precision(summary: pd.DataFrame, precision: str) -> pd.DataFrame:
     "The rows of one stored precision with the metrics named without it ('ndcg_at_10/binary' -> 'ndcg_at_10'); float32: the rows of metrics without one."
-    head, _, at = summary.metric.str.partition("/")
-    keep = at == ("" if precision == "float32" else precision)
+    parts = summary.metric.str.partition("/")
+    head, keep = parts[0], parts[2] == ("" if precision == "float32" else precision)
     if not keep.any():
         raise ValueError(f"the result file has no rows at precision {precision!r}")
     return summary[keep].assign(metric=head[keep])
