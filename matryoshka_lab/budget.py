@@ -5,6 +5,8 @@
 # %% ../nbs/03_budget.ipynb #03a002
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
@@ -92,7 +94,7 @@ def plot_frontier(grid: pd.DataFrame, task: str, tolerances=(0.01, 0.05), metric
                     line=dict(color="black", width=1))                      # a step: flat until the next frontier cell
     ref, span = float(cells.score[cells.ratio == 1.0].iloc[0]), [cells.bytes_per_vector.min(), cells.bytes_per_vector.max()]
     fig.add_scatter(x=span, y=[ref, ref], mode="lines", name=f"full model {ref:.1f}", line=dict(color="black", dash="dot", width=1))
-    for t, colour in zip(tolerances, ("#555555", "#999999", "#bbbbbb")):
+    for t, colour in zip(tolerances, itertools.cycle(("#555555", "#999999", "#bbbbbb"))):
         a = advise(grid, task, t, metric).iloc[0]
         fig.add_scatter(x=span, y=[ref * (1 - t)] * 2, mode="lines", showlegend=False, line=dict(color=colour, dash="dash", width=1))
         fig.add_scatter(x=[a.bytes_per_vector], y=[a.score], mode="markers", marker=dict(symbol="circle-open", size=14, color=colour),
