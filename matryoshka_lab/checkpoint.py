@@ -13,9 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
-
 import pandas as pd
+import torch
 
 from .budget import advise, bytes_per_vector
 from .distributed import Dist
