@@ -51,7 +51,7 @@ def main():
     ints = lambda s: [int(x) for x in s.split(",") if x]
     data_dir = resolve_data_dir(args.data_dir)
     if data_dir is None:
-        raise SystemExit("bench/funnel.py needs the shared data: --data-dir DIR or $MATRYOSHKA_LAB_DATA")
+        p.error("the shared data is needed: --data-dir DIR or $MATRYOSHKA_LAB_DATA")
     task = load_task(args.task, data_dir).test
     enc = Encoder.from_pretrained(args.model)
     last = enc.num_layers

@@ -52,7 +52,10 @@ def main():
     p.add_argument("--results", default="results/baselines/angle_retrieval")
     p.add_argument("--committed", default="results/baselines/angle", help="the committed STS results to compare runs with")
     args = p.parse_args()
-    precisions = parse_precisions(args.precisions)
+    try:
+        precisions = parse_precisions(args.precisions)
+    except ValueError as err:
+        p.error(str(err))
     command = "python experiments/retrieval_methods.py " + shlex.join(sys.argv[1:])
     committed, _ = read_results(args.committed)
     results = Path(args.results)
