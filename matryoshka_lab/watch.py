@@ -101,7 +101,7 @@ class RunDirectoryCallback(TrainerCallback):
 
     # the trainer's events
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
-        "Check everything, take the run directory, write config.json; the grid and the diagnostics at the start."
+        "Check everything, take the run directory, write config.json; the grid and the diagnostics at step 0."
         self.trainer = calling_trainer()
         self.encoder = trained_encoder(model, processing_class)
         for task in self.tasks:
@@ -115,8 +115,9 @@ class RunDirectoryCallback(TrainerCallback):
         if self.trainer is not None:                         # first: what on_log adds reaches the integrations
             handlers = self.trainer.callback_handler.callbacks
             handlers.insert(0, handlers.pop(handlers.index(self)))
-        self.grade(state.global_step)
-        self.measure(state.global_step)
+        if state.global_step == 0:                           # (a resumed run has them at its checkpoint's step)
+            self.grade(0)
+            self.measure(0)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._started = time.perf_counter()
