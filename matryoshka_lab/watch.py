@@ -61,6 +61,7 @@ def describe_loss(loss) -> dict:
 
 # %% ../nbs/27_watch.ipynb #27c009
 REPORTS = ("summary", "all", "none")
+_HOLDERS: dict = {}   # run directory -> the callback of this process that holds its lock
 
 def calling_trainer():
     "The transformers Trainer whose callback handler is calling, found on the call stack (None outside a trainer)."
@@ -110,7 +111,11 @@ class RunDirectoryCallback(TrainerCallback):
         parse_layers(self.layers, self.encoder.num_layers)
         if self.clock is not None and (self.probe_task or self.tasks):
             self.probe = probe_texts(load_task(self.probe_task or self.tasks[0], self.data_dir), self.probe_size)
+        key = self.run_dir.resolve()
+        if (stale := _HOLDERS.pop(key, None)) is not None:  # a run of this process that stopped with an error (a
+            stale.lock.release()                             # notebook cell): one process trains one run at a time
         self.lock = RunLock(self.run_dir).acquire()
+        _HOLDERS[key] = self
         self.log = RunLog(self.run_dir, self.config(args, state), keep_until=state.global_step)
         if self.trainer is not None:                         # first: what on_log adds reaches the integrations
             handlers = self.trainer.callback_handler.callbacks
@@ -158,6 +163,7 @@ class RunDirectoryCallback(TrainerCallback):
         finally:
             self.log.close()
             self.lock.release()
+            _HOLDERS.pop(self.run_dir.resolve(), None)
 
     # what it writes
     def config(self, args, state) -> dict:
