@@ -98,11 +98,14 @@ class RunDirectoryCallback(TrainerCallback):
         self.clock = TimeBudget(diagnostics_budget) if diagnostics_budget is not None else None
         self.trainer = self.encoder = self.log = self.lock = self.probe = None
         self.graded = self.measured = self._started = None
-        self._reporting = False
+        self._reporting, self.main = False, True
 
     # the trainer's events
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         "Check everything, take the run directory, write config.json; the grid and the diagnostics at step 0."
+        self.main = state.is_world_process_zero              # with several processes, the first one writes
+        if not self.main:
+            return
         self.trainer = calling_trainer()
         self.encoder = trained_encoder(model, processing_class)
         for task in self.tasks:
@@ -113,7 +116,8 @@ class RunDirectoryCallback(TrainerCallback):
             self.probe = probe_texts(load_task(self.probe_task or self.tasks[0], self.data_dir), self.probe_size)
         key = self.run_dir.resolve()
         if (stale := _HOLDERS.pop(key, None)) is not None:  # a run of this process that stopped with an error (a
-            stale.lock.release()                             # notebook cell): one process trains one run at a time
+            stale.log.close()                                # notebook cell): one process trains one run at a time
+            stale.lock.release()
         self.lock = RunLock(self.run_dir).acquire()
         _HOLDERS[key] = self
         self.log = RunLog(self.run_dir, self.config(args, state), keep_until=state.global_step)
@@ -129,6 +133,8 @@ class RunDirectoryCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         "The loss's parts (ours), the grid every `every` steps, diagnostics when the budget allows."
+        if not self.main:
+            return
         if self.clock is not None and self._started is not None:
             self.clock.trained += time.perf_counter() - self._started
         loss = getattr(self.trainer, "loss", None)
@@ -141,7 +147,7 @@ class RunDirectoryCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         "The trainer's own logs into metrics.jsonl: eval_X as X under split eval, learning_rate as lr."
-        if self._reporting or not logs:
+        if self._reporting or not logs or not self.main:
             return
         for key, value in logs.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or key in ("epoch", "step"):
@@ -150,11 +156,13 @@ class RunDirectoryCallback(TrainerCallback):
             self.log.log(state.global_step, "lr" if name == "learning_rate" else name, value, split=split)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        if self.every is None:
+        if self.main and self.every is None:
             self.grade(state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
         "The last step's grid and diagnostics (unless made already); release the run directory."
+        if not self.main:
+            return
         try:
             if self.graded != state.global_step:
                 self.grade(state.global_step)
