@@ -595,6 +595,24 @@ def tutorial_module(folder: Path) -> str:
     return "my_methods.diagonal:Diagonal"
 
 
+def compare_in_page(page, runs, pattern):
+    "In the Compare tab: clear the default choice, choose `runs` by clicking (the first is the reference), set the pattern; wait for the last run's delta column."
+    page.get_by_text("Compare", exact=True).first.click()
+    pick = page.locator("input.choices__input--cloned >> visible=true")
+    pick.wait_for(timeout=20_000)
+    while page.locator("button.choices__button >> visible=true").count():
+        page.locator("button.choices__button >> visible=true").first.click()
+        time.sleep(0.3)
+    for name in runs:
+        pick.click()
+        page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
+        time.sleep(0.3)
+    box = page.locator("input.bk-input[type=text] >> visible=true")
+    box.fill(pattern)
+    box.press("Enter")
+    page.get_by_text(f"Δ {runs[-1]}").first.wait_for(timeout=20_000)
+
+
 def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeypatch):
     "The tutorial's method, trained next to MRL and 2DMSE (a tiny model, 2 steps), in the compare tab: chosen by clicking, its grid values shown."
     browser_or_skip()
@@ -613,20 +631,7 @@ def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeyp
     with serve(runs, port), chromium_page(1500, 1100) as page:
         page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
         page.locator(".ml-step").wait_for(timeout=60_000)
-        page.get_by_text("Compare", exact=True).first.click()
-        pick = page.locator("input.choices__input--cloned >> visible=true")
-        pick.wait_for(timeout=20_000)
-        while page.locator("button.choices__button >> visible=true").count():   # clear the default choice
-            page.locator("button.choices__button >> visible=true").first.click()
-            time.sleep(0.3)
-        for name in ("mrl", "2dmse", "diagonal"):                 # MRL first: the reference of the deltas
-            pick.click()
-            page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
-            time.sleep(0.3)
-        pattern = page.locator("input.bk-input[type=text] >> visible=true")
-        pattern.fill("builtin_sts/*")
-        pattern.press("Enter")
-        page.get_by_text("Δ diagonal").first.wait_for(timeout=20_000)
+        compare_in_page(page, ("mrl", "2dmse", "diagonal"), "builtin_sts/*")   # MRL first: the reference of the deltas
         time.sleep(1.5)
         head = page.locator("tr:has-text('Δ diagonal')").first.inner_text().split("\t")
         row = page.locator("tr:has-text('builtin_sts/L1/d8/spearman')").first.inner_text().split("\t")
@@ -699,20 +704,7 @@ def test_browser_follows_a_sentence_transformers_run(tmp_path, tiny_model_dir):
             grids = sorted({g for _, g in seen if g})
             assert steps[-1] > steps[0] > 0, seen                 # new steps appeared while it trained
             assert len(grids) >= 2, seen                          # and new grids (the trainer evaluates every 10 steps)
-            page.get_by_text("Compare", exact=True).first.click()
-            pick = page.locator("input.choices__input--cloned >> visible=true")
-            pick.wait_for(timeout=20_000)
-            while page.locator("button.choices__button >> visible=true").count():
-                page.locator("button.choices__button >> visible=true").first.click()
-                time.sleep(0.3)
-            for name in ("ours", "st"):
-                pick.click()
-                page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
-                time.sleep(0.3)
-            pattern = page.locator("input.bk-input[type=text] >> visible=true")
-            pattern.fill("builtin_sts/L3/*")
-            pattern.press("Enter")
-            page.get_by_text("Δ st").first.wait_for(timeout=20_000)
+            compare_in_page(page, ("ours", "st"), "builtin_sts/L3/*")
             row = page.locator("tr:has-text('builtin_sts/L3/d8/spearman')").first.inner_text().split("\t")
             page.screenshot(path=str(ARTIFACTS / "compare_st_run.png"), full_page=False)
     finally:
