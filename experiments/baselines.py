@@ -1,7 +1,7 @@
 """CPU-scale comparisons of the training objectives: the baselines (untrained, no-Matryoshka, MRL, 2DMSE, ESE),
 MIPIC and MIC with their ablations, and where each one's gradient comes from.
 
-    python experiments/baselines.py [--setting angle|simcse|mipic|cold] [--seeds 0 1 2] [--methods ...] [--max-steps N]
+    python experiments/baselines.py [--setting angle|simcse|mipic|cold|angle_mpnet] [--seeds 0 1 2] [--methods ...] [--max-steps N]
                                     [--out DIR] [--results DIR] [--task-share] [--add-tasks TASK ... [--add-layers 3,-1]]
 
 The sweep of nbs/studies/02_baselines.ipynb (matryoshka_lab.studies.baselines) from a shell: every method trains the embedded
@@ -12,6 +12,8 @@ and STS12-16; mipic (SimCSE on the MIPIC/MIC corpus; by default MRL, MIPIC, MIC,
 and beside them base, 2DMSE (both alignments), ESE and MIPIC's earlier detached teacher), evaluated at the last layer
 on the STS sets, Banking77, TweetEval and MRPC (nbs/studies/03_mipic_mic.ipynb).
 cold: mipic from the embedded model with its top 3 layers re-drawn (a cold start).
+angle_mpnet: the angle setting on the second backbone, all-mpnet-base-v2 (the mpnet extra; 12 layers, dims 16..768),
+by default untrained, MRL, 2DMSE and MIC.
 Run directories go to OUT (finished runs are read back, so an interrupted sweep continues); the per-seed grids are
 merged into the committed result file RESULTS/summary.csv with RESULTS/meta.json (what wrote each method's rows),
 and the script prints mean +- std over seeds of the average over the 7 STS test sets.
@@ -32,7 +34,8 @@ from matryoshka_lab.studies.baselines import (BASELINES, EVERY_METHOD, MIPIC_SET
                                         VARIANTS, delta_table, run_baselines, save_results, seed_stats, stats_table,
                                         task_share)
 
-DEFAULT_METHODS = {"mipic": MIPIC_SETTING_METHODS, "cold": MIPIC_SWEEP, "angle": EVERY_METHOD}
+DEFAULT_METHODS = {"mipic": MIPIC_SETTING_METHODS, "cold": MIPIC_SWEEP, "angle": EVERY_METHOD,
+                   "angle_mpnet": ("untrained", "mrl", "2dmse", "mic")}   # the second backbone: the findings that test most per hour
 DEFAULT_STEPS = {"mipic": 100, "cold": 100}   # what nbs/studies/03 reads: a run of the mipic setting takes about 5 min on 2 CPU cores
 
 

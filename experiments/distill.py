@@ -2,12 +2,14 @@
 result file.
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/distill.py [--seeds 0 1 2] [--out runs/distill_compare]
-                                                                     [--result results/distill/clinc150.json]
+        [--result results/distill/clinc150.json] [--config configs/distill_nc.yaml] [--arms mrl distill_nc distill_align]
+        [--every 50]
 
-Every arm of matryoshka_lab.studies.distill.DISTILL_ARMS (plain MRL with unsupervised SimCSE, distill_nc, distill_nc
-with alignment only) trains the embedded all-MiniLM-L6-v2 with configs/distill_nc.yaml's settings for each seed,
-measuring k-NN accuracy, the probe's NC1 and the projections' orthonormality at the last layer every 50 steps
-(distill_compare); the untrained model is measured once. Run directories go to OUT (a complete one is read back, so an
+Each --arms of matryoshka_lab.studies.distill.DISTILL_ARMS (plain MRL with unsupervised SimCSE, distill_nc, distill_nc
+with alignment only, alignment only through free projections) trains the embedded all-MiniLM-L6-v2 with --config's
+settings (configs/distill_nc_mpnet.yaml: the stronger all-mpnet-base-v2 as teacher, 400 steps, --every 100) for each
+seed, measuring k-NN accuracy, the probe's NC1 and the projections' orthonormality at the last layer every --every
+steps (distill_compare); the untrained model is measured once. Run directories go to OUT (a complete one is read back, so an
 interrupted run continues); every row, with the config, arms, seeds and the command and commit that made them, is
 written to RESULT, which nbs/studies/05_distill.ipynb and RESULTS.md read. A few minutes per arm and seed on 2 CPU
 cores.
@@ -19,10 +21,9 @@ import sys
 from pathlib import Path
 
 from matryoshka_lab.core import provenance
-from matryoshka_lab.studies.distill import DISTILL_ARMS, arm_config, distill_compare, distill_summary
+from matryoshka_lab.studies.distill import DISTILL_ARMS, arm_config, distill_compare, distill_summary, teacher_nc1
 
 ROOT = Path(__file__).resolve().parents[1]
-EVERY = 50                   # configs/distill_nc.yaml's eval_every: NC1 at steps 0, 50, 100, k-NN at 50, 100
 
 
 def main():
@@ -30,18 +31,26 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/distill_compare", help="run directories")
     p.add_argument("--result", default="results/distill/clinc150.json", help="the result file")
+    p.add_argument("--config", default=str(ROOT / "configs" / "distill_nc.yaml"), help="the shared settings (a YAML config)")
+    p.add_argument("--arms", nargs="+", default=["mrl", "distill_nc", "distill_align"], choices=list(DISTILL_ARMS))
+    p.add_argument("--every", type=int, default=50, help="steps between NC1 and k-NN measurements")
     args = p.parse_args()
+    if args.every < 1:
+        p.error(f"--every must be a positive number of steps, got {args.every}")
     made = provenance("python experiments/distill.py " + shlex.join(sys.argv[1:]))   # the code that runs: its commit now
-    config = ROOT / "configs" / "distill_nc.yaml"
-    rows = distill_compare(Path(args.out), seeds=args.seeds, config=config, every=EVERY)
-    shared = {k: v for k, v in arm_config("distill_nc", args.out, config=config, every=EVERY).to_dict().items()
-              if k not in ("run_dir", "seed", "method", "objective", "loss_options")}
-    record = {**made, "config": shared, "arms": DISTILL_ARMS, "seeds": args.seeds, "every": EVERY,
-              "rows": json.loads(rows.round(6).to_json(orient="records"))}
+    rows = distill_compare(Path(args.out), seeds=args.seeds, arms=tuple(args.arms), config=args.config, every=args.every)
+    shared = arm_config("distill_nc", args.out, config=args.config, every=args.every).to_dict()
+    shared = {k: v for k, v in shared.items() if k not in ("run_dir", "seed", "method", "objective")}
+    distilled = [a for a in args.arms if DISTILL_ARMS[a]["method"] == "distill_nc"]
+    teacher = teacher_nc1(args.out, distilled[0], args.seeds[0]) if distilled else None
+    record = {**made, "config": shared, "arms": {a: DISTILL_ARMS[a] for a in args.arms}, "seeds": args.seeds, "every": args.every,
+              "teacher_nc1": teacher, "rows": json.loads(rows.round(6).to_json(orient="records"))}
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     for metric, decimals in (("knn_acc_intent", 1), ("knn_acc_domain", 1), ("nc1", 3)):
         print(distill_summary(rows, metric, decimals).to_string(), "\n")
+    if teacher:
+        print(f"the teacher's NC1 on the probe ({teacher['dim']} dims): {teacher['nc1']:.3f}")
     print(f"wrote {args.result}")
 
 

@@ -4,6 +4,7 @@
     python experiments/fractal_protocols.py toggles   # CLINC, 3 seeds, V5 (and MRL) with each difference toggled alone
     python experiments/fractal_protocols.py toggles --only 'toggle_paper-text+metric_terms'   # one of them
     python experiments/fractal_protocols.py main --dataset trec --only authors --workers 2     # Table 3's other datasets
+    python experiments/fractal_protocols.py main --model mpnet --only authors   # the second backbone: authors_mpnet.json
     python experiments/fractal_protocols.py more [--dataset clinc150]   # authors: three levels, synthetic K0, capacity, lr
     python experiments/fractal_protocols.py hierarchy --dataset trec      # add H(L0), H(L1|L0) to files written before
                                                                         # run_fractal recorded them
@@ -77,14 +78,19 @@ def main() -> None:
     p.add_argument("--only", default=None, help="comma-separated result names to run (default: all of the study)")
     p.add_argument("--force", action="store_true", help="recompute result files that exist")
     p.add_argument("--workers", type=int, default=1, help="heads trained at a time, one process each (default 1)")
+    p.add_argument("--model", default="embedded", help="the frozen backbone (main study only); another than embedded "
+                   "writes NAME_MODEL.json")
     args = p.parse_args()
+    if args.model != "embedded" and args.study != "main":
+        p.error(f"--model {args.model} applies to the main study only")
+    suffix = "" if args.model == "embedded" else f"_{args.model}"
     if args.study == "hierarchy":                                  # labels only: nothing to encode
         task = load_task(args.dataset, args.data_dir)
         train_y, _, levels, _ = encode_levels(task.train, task.test)
         add_hierarchy(OUT / args.dataset, train_y, levels,
                       f"python experiments/fractal_protocols.py hierarchy --dataset {args.dataset}")
         return
-    data = fractal_data("embedded", args.dataset, args.data_dir, progress=False)
+    data = fractal_data(args.model, args.dataset, args.data_dir, progress=False)
     jobs = {}
     if args.study == "main":
         jobs["authors"] = dict(protocol="authors", seeds=5, conditions=("v5", "mrl"))
@@ -104,12 +110,13 @@ def main() -> None:
         more(args, data, only)
         return
     for name, kw in jobs.items():
-        path = OUT / args.dataset / f"{name}.json"
+        path = OUT / args.dataset / f"{name}{suffix}.json"
         if (only and name not in only) or (path.exists() and not args.force):
             continue
         t = time.time()
-        res = run_fractal("embedded", args.data_dir, data, progress=False, workers=args.workers, **kw)
-        save(path, res, time.time() - t, f"python experiments/fractal_protocols.py {args.study} --dataset {args.dataset} --only {name}")
+        res = run_fractal(args.model, args.data_dir, data, progress=False, workers=args.workers, **kw)
+        model = f" --model {args.model}" if suffix else ""
+        save(path, res, time.time() - t, f"python experiments/fractal_protocols.py {args.study} --dataset {args.dataset}{model} --only {name}")
 
 
 

@@ -44,24 +44,25 @@ def _print_tables(df, out=sys.stdout) -> None:
         print(f"\n{task}: {metric} (rows: layer, columns: prefix dim)", file=out)
         print(grid_table(df, task, metric).round(2).to_string(), file=out)
 
-def _print_reference(df, out=sys.stdout) -> None:
-    "Compare the last-layer, full-dim cells with MTEB's published all-MiniLM-L6-v2 numbers."
-    from matryoshka_lab.eval import MTEB_ALL_MINILM_L6_V2
+def _print_reference(df, model: str, out=sys.stdout) -> None:
+    "Compare the last-layer, full-dim cells with MTEB's published numbers of a packaged model ('embedded', 'mpnet')."
+    from matryoshka_lab.eval import MTEB_PUBLISHED
+    name, published = MTEB_PUBLISHED[model]
     top = df[(df.layer == df.layer.max()) & (df.dim == df.dim.max())]
     lines = []
-    for (task, metric), ref in MTEB_ALL_MINILM_L6_V2.items():
+    for (task, metric), ref in published.items():
         got = top[(top.task == task) & (top.metric == metric)].value
         if len(got):
             lines.append(f"  {task:10s} {metric:9s} ours {got.item():6.2f}   MTEB {ref:6.2f}   diff {got.item() - ref:+.2f}")
     if lines:
-        print("\nLast layer, all dims vs MTEB's published all-MiniLM-L6-v2 results:", file=out)
+        print(f"\nLast layer, all dims vs MTEB's published {name} results:", file=out)
         print("\n".join(lines), file=out)
 
 def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str = "embedded", batch_size: int = 64,
              progress: bool = True, precision: str | None = None) -> Path:
     "Evaluate `model` at every (layer, dim) on the demo tasks; write grid.csv/.html/.png and meta.json (what wrote them) under out_dir."
     from matryoshka_lab.encoder import Encoder
-    from matryoshka_lab.eval import evaluate
+    from matryoshka_lab.eval import MTEB_PUBLISHED, evaluate
     from matryoshka_lab.plots import save_heatmaps
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)   # a bad output folder fails now, not after the evaluation
@@ -80,8 +81,8 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
             "n_texts": df.attrs["n_texts"]}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     _print_tables(df)
-    if model == "embedded":
-        _print_reference(df)
+    if model in MTEB_PUBLISHED:
+        _print_reference(df, model)
     print(f"\n{df.attrs['n_texts']} distinct texts encoded once at {enc.num_layers + 1} hidden states in "
           f"{df.attrs['encode_seconds']:.0f}s ({df.attrs['n_texts'] / df.attrs['encode_seconds']:.0f} texts/s); "
           f"all cells scored in {df.attrs['score_seconds']:.1f}s; total {time.perf_counter() - t0:.0f}s.")
@@ -95,13 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the embedded model's layer x dim grid on real data (offline)")
     d.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     d.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    d.add_argument("--model", default="embedded", help="model (default: embedded)")
+    d.add_argument("--model", default="embedded", help="embedded (default), mpnet (the mpnet extra), a model folder or a Hub id")
     d.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="forward pass: fp32 (default on CPU), bf16, or auto (bf16 where the CPU has it natively)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = sub.add_parser("eval", help="evaluate a model at every (layer, dim) cell; write a tidy CSV")
     e.add_argument("run_dir", nargs="?", default=None, help="a run directory: its model, eval tasks and dims")
-    e.add_argument("--model", default=None, help="embedded (default), a model folder, a run directory or a Hub id")
+    e.add_argument("--model", default=None, help="embedded (default), mpnet (the mpnet extra), a model folder, a run directory or a Hub id")
     e.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     e.add_argument("--tasks", default=None, help="comma-separated task names (see `matryoshka-lab tasks`)")
     e.add_argument("--layers", default=None, help="hidden states: 'all', '-1' or e.g. '0,3,6' (default: all)")
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nproc", type=int, default=1,
                    help="processes on this machine via torchrun (default 1); batch_size stays the global batch")
     f = sub.add_parser("fractal", help="Fractal Embeddings: V5 vs MRL heads (and ablations) on a frozen backbone; JSON")
-    f.add_argument("--model", default="embedded", help="frozen backbone: embedded (default), a model folder or a Hub id")
+    f.add_argument("--model", default="embedded", help="frozen backbone: embedded (default), mpnet (the mpnet extra), a model folder or a Hub id")
     f.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     f.add_argument("--dataset", required=True, help="a hierarchy task, e.g. clinc150, trec, builtin_intents")
     f.add_argument("--seeds", type=int, default=5, help="number of seeds: 42, 123, 456, 789, 1024 first (default 5)")

@@ -28,7 +28,7 @@ __all__ = ['TINY', 'RANKS', 'DIAGNOSTICS', 'DEFAULT_DIAGNOSTICS', 'dim_variance'
            'cka_prefix_full', 'cka_figure', 'alignment', 'uniformity', 'prefix_alignment_uniformity', 'class_means',
            'nc1', 'nc1_grid', 'steerability', 'steerability_auc', 'steerability_mono', 'steerability_gap',
            'steerability_metrics', 'steerability_figure', 'grid_frame', 'probe_diagnostics', 'diagnostics_summary',
-           'probe_indices', 'probe_texts', 'TimeBudget', 'DiagnosticsCallback']
+           'probe_indices', 'probe_texts', 'TimeBudget', 'write_diagnostics', 'DiagnosticsCallback']
 
 # %% ../nbs/08_diagnostics.ipynb #18c006
 TINY = torch.finfo(torch.float64).tiny     # denominator clamp: 0 / 0 -> 0, every real ratio untouched
@@ -453,6 +453,22 @@ class TimeBudget:
         return self.spent / self.trained if self.trained > 0 else math.nan
 
 # %% ../nbs/08_diagnostics.ipynb #18c081
+def write_diagnostics(log, step: int, encoder, probe: list[str], dims: Sequence[int], clock: TimeBudget,
+                      which: Sequence[str] = DEFAULT_DIAGNOSTICS, max_length: int | None = None) -> dict[str, torch.Tensor]:
+    "Encode the probe once; write the diagnostics' arrays and last-layer scalars at `step` to the RunLog `log`, with diag/seconds and diag/overhead (the measurement is added to `clock`); return the arrays."
+    started = time.perf_counter()
+    h = encoder.encode(probe, layers="all", max_length=max_length, progress=False)   # [L+1, N, D], eval mode, no grad
+    out = probe_diagnostics(h, dims, which)
+    for name, array in out.items():
+        log.save_array(f"diag_{name}", step, array.numpy())
+    scalars = diagnostics_summary(out, dims)
+    clock.add_measurement(time.perf_counter() - started)
+    scalars["diag/seconds"] = clock.last
+    if clock.trained > 0:
+        scalars["diag/overhead"] = clock.overhead
+    log.log_many(step, scalars, split="eval")
+    return out
+
 class DiagnosticsCallback(Callback):
     "probe_diagnostics of a fixed probe at the start, every `every` steps (0: whenever within `budget` of training time) and at the end, into the run directory."
     order = 5                                                  # after_step: time the step before eval and checkpoints
@@ -494,19 +510,9 @@ class DiagnosticsCallback(Callback):
             self.measure(trainer)
 
     def measure(self, trainer) -> dict[str, torch.Tensor]:
-        "Encode the probe once, write the diagnostics' arrays and last-layer scalars at trainer.step, with diag/seconds and diag/overhead; return the arrays."
-        started = time.perf_counter()
-        cfg, enc = trainer.config, trainer.encoder
-        dims = parse_dims(cfg.eval_dims or list(cfg.dims), enc.hidden_size)
-        h = enc.encode(self.probe, layers="all", max_length=cfg.max_length, progress=False)   # [L+1, N, D], eval mode, no grad
-        out = probe_diagnostics(h, dims, self.which)
-        for name, array in out.items():
-            trainer.log.save_array(f"diag_{name}", trainer.step, array.numpy())
-        scalars = diagnostics_summary(out, dims)
-        self.clock.add_measurement(time.perf_counter() - started)
+        "write_diagnostics of the probe at trainer.step; return the arrays."
+        cfg = trainer.config
+        dims = parse_dims(cfg.eval_dims or list(cfg.dims), trainer.encoder.hidden_size)
+        out = write_diagnostics(trainer.log, trainer.step, trainer.encoder, self.probe, dims, self.clock, self.which, cfg.max_length)
         self.measured = trainer.step
-        scalars["diag/seconds"] = self.clock.last
-        if self.clock.trained > 0:
-            scalars["diag/overhead"] = self.clock.overhead
-        trainer.log.log_many(trainer.step, scalars, split="eval")
         return out

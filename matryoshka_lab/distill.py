@@ -21,8 +21,8 @@ from .losses import LossOutput, _check_dims
 from .methods import Callback, Method, TrainData, register
 
 # %% auto #0
-__all__ = ['semi_orthogonal', 'MatryoshkaDistill', 'labelled_texts', 'teacher_embeddings', 'DistillOptions', 'distill_options',
-           'distill_data', 'DistillLoss', 'DistillNCMethod', 'NC1Callback']
+__all__ = ['PROJECTIONS', 'semi_orthogonal', 'MatryoshkaDistill', 'labelled_texts', 'teacher_embeddings', 'DistillOptions',
+           'distill_options', 'distill_data', 'DistillLoss', 'DistillNCMethod', 'NC1Callback']
 
 # %% ../nbs/17_distill.ipynb #16c006
 class _Matrix(nn.Module):
@@ -40,14 +40,19 @@ def semi_orthogonal(d: int, D: int) -> nn.Module:
     return module
 
 # %% ../nbs/17_distill.ipynb #16c010
+PROJECTIONS = ("semi_orthogonal", "free")
+
 class MatryoshkaDistill(nn.Module):
     "lambda_1 sum_d L_align^(d) + lambda_2 sum_d L_cls^(d): each d-prefix of the student, times its semi-orthogonal P^(d), against the teacher."
     def __init__(self, dims: Sequence[int], teacher_dim: int,
                  n_classes: int | None = None,    # classes of the per-subnet heads (None: alignment only)
                  lambda_align: float = 1.0,       # lambda_1
                  lambda_cls: float = 1.0,         # lambda_2 (0: no heads)
-                 student_dim: int | None = None): # the student's D_S, checked at construction when given
+                 student_dim: int | None = None,  # the student's D_S, checked at construction when given
+                 projection: str = "semi_orthogonal"):  # or "free": the same P^(d), unconstrained (a control arm)
         super().__init__()
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
         self.dims = _check_dims(dims)
         if student_dim is not None and self.dims[-1] > student_dim:
             raise ValueError(f"dim {self.dims[-1]} exceeds the student's embedding size {student_dim}")
@@ -61,7 +66,9 @@ class MatryoshkaDistill(nn.Module):
         self.teacher_dim, self.student_dim = int(teacher_dim), student_dim
         self.lambda_align, self.lambda_cls = float(lambda_align), float(lambda_cls)
         self.n_classes = n_classes if lambda_cls > 0 else None
-        self.projections = nn.ModuleList([semi_orthogonal(d, teacher_dim) for d in self.dims])
+        self.projection = projection
+        self.projections = nn.ModuleList([semi_orthogonal(d, teacher_dim) if projection == "semi_orthogonal"
+                                          else _Matrix(d, teacher_dim) for d in self.dims])
         self.heads = nn.ModuleList([nn.Linear(teacher_dim, n_classes) for _ in self.dims] if self.n_classes else [])
 
     def check_inputs(self, student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None) -> None:
@@ -121,6 +128,7 @@ class DistillOptions:
     label_level: str | None = None     # a hierarchy task's level that gives the labels (None: the finest)
     lambda_align: float = 1.0          # lambda_1
     lambda_cls: float = 1.0            # lambda_2 (0: no classifier heads, no labels used by the loss)
+    projection: str = "semi_orthogonal"  # "free": each P^(d) an unconstrained d x D matrix (the control for P P^T = I)
 
 def distill_options(cfg) -> DistillOptions:
     "The distill_nc options of config cfg; the defaults for a run of another method (an MRL arm with the NC1 callback)."
@@ -139,9 +147,10 @@ class DistillLoss(nn.Module):
     "distill_nc in the trainer: MatryoshkaDistill on the last pooled row of view a; target = (teacher [B, D_T], labels [B])."
     name = "distill_nc"
     def __init__(self, dims: Sequence[int], hidden_size: int, teacher_dim: int, n_classes: int | None = None,
-                 lambda_align: float = 1.0, lambda_cls: float = 1.0):
+                 lambda_align: float = 1.0, lambda_cls: float = 1.0, projection: str = "semi_orthogonal"):
         super().__init__()
-        self.distill = MatryoshkaDistill(dims, teacher_dim, n_classes, lambda_align, lambda_cls, student_dim=hidden_size)
+        self.distill = MatryoshkaDistill(dims, teacher_dim, n_classes, lambda_align, lambda_cls, student_dim=hidden_size,
+                                         projection=projection)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor | None, target: tuple, generator=None) -> LossOutput:
         teacher, labels = target
@@ -160,7 +169,7 @@ class DistillNCMethod(Method):
         teacher, label = ctx.data.target
         opts = DistillOptions(**options)
         return DistillLoss(ctx.dims, ctx.hidden_size, teacher_dim=teacher.shape[1], n_classes=int(label.max()) + 1,
-                           lambda_align=opts.lambda_align, lambda_cls=opts.lambda_cls)
+                           lambda_align=opts.lambda_align, lambda_cls=opts.lambda_cls, projection=opts.projection)
     def training_data(self, config) -> TrainData:
         return distill_data(config)
     def trained_cuts(self, loss, hidden_size, num_layers):            # its dims are projections of the output, not prefixes

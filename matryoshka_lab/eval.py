@@ -20,10 +20,10 @@ from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, S
                                  load_task)
 
 # %% auto #0
-__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'prefix_cosine',
-           'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid', 'best_threshold_accuracy', 'pair_grid',
-           'mteb_undersample', 'logreg_grid', 'knn_grid', 'retrieval_grid', 'retrieval_metrics', 'parse_precisions',
-           'main_metric', 'task_texts', 'score_task', 'evaluate']
+__all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'MTEB_ALL_MPNET_BASE_V2',
+           'MTEB_PUBLISHED', 'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
+           'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'retrieval_grid',
+           'retrieval_metrics', 'parse_precisions', 'main_metric', 'task_texts', 'score_task', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -361,3 +361,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
 MTEB_ALL_MINILM_L6_V2 = {("stsb", "spearman"): 82.03, ("sickr", "spearman"): 77.58, ("sts12", "spearman"): 72.37,
                          ("sts13", "spearman"): 80.60, ("sts14", "spearman"): 75.59, ("sts15", "spearman"): 85.39,
                          ("sts16", "spearman"): 78.99, ("banking77", "accuracy"): 80.04}
+MTEB_ALL_MPNET_BASE_V2 = {("stsb", "spearman"): 83.42, ("sts12", "spearman"): 72.63, ("sts13", "spearman"): 83.48,
+                          ("sts14", "spearman"): 78.00, ("sts15", "spearman"): 85.66, ("sts16", "spearman"): 80.03}
+MTEB_PUBLISHED = {"embedded": ("all-MiniLM-L6-v2", MTEB_ALL_MINILM_L6_V2),   # the packaged models: name, MTEB scores x100
+                  "mpnet": ("all-mpnet-base-v2", MTEB_ALL_MPNET_BASE_V2)}

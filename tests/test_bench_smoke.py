@@ -1,5 +1,5 @@
 """Benches run as a user would (a subprocess) at tiny sizes: bench/gpu_step.py on the CPU (every setup runs, the last
-line is the JSON the GPU run reports, also written by --out) and bench/funnel.py with a tiny model."""
+line is the JSON the GPU run reports, also written by --out), bench/funnel.py and bench/watch_overhead.py with a tiny model."""
 import json
 import os
 import subprocess
@@ -55,3 +55,20 @@ def test_funnel_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path):
 def _rows(columns: dict) -> list[dict]:
     "A to_dict(orient='list') table back as rows."
     return [dict(zip(columns, vals)) for vals in zip(*columns.values())]
+
+
+def test_watch_overhead_bench_runs_at_tiny_sizes(tiny_model_dir, tmp_path):
+    "bench/watch_overhead.py with a tiny model, without a data directory: both setups train, the callback's diagnostics ran."
+    out = tmp_path / "watch.json"
+    args = ["--model", str(tiny_model_dir), "--steps", "3", "--batch-size", "4", "--max-length", "16", "--rounds", "2",
+            "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "MATRYOSHKA_LAB_DATA"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "watch_overhead.py"), *args], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    record = json.loads(out.read_text())
+    assert record["overhead_ratio"] == result["overhead_ratio"] > 0 and result["goal"] == 1.05
+    assert [len(record["times_s"][k]) for k in ("without", "with")] == [2, 2]
+    assert result["diag_overhead_logged"] > 0

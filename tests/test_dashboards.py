@@ -595,6 +595,24 @@ def tutorial_module(folder: Path) -> str:
     return "my_methods.diagonal:Diagonal"
 
 
+def compare_in_page(page, runs, pattern):
+    "In the Compare tab: clear the default choice, choose `runs` by clicking (the first is the reference), set the pattern; wait for the last run's delta column."
+    page.get_by_text("Compare", exact=True).first.click()
+    pick = page.locator("input.choices__input--cloned >> visible=true")
+    pick.wait_for(timeout=20_000)
+    while page.locator("button.choices__button >> visible=true").count():
+        page.locator("button.choices__button >> visible=true").first.click()
+        time.sleep(0.3)
+    for name in runs:
+        pick.click()
+        page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
+        time.sleep(0.3)
+    box = page.locator("input.bk-input[type=text] >> visible=true")
+    box.fill(pattern)
+    box.press("Enter")
+    page.get_by_text(f"Δ {runs[-1]}").first.wait_for(timeout=20_000)
+
+
 def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeypatch):
     "The tutorial's method, trained next to MRL and 2DMSE (a tiny model, 2 steps), in the compare tab: chosen by clicking, its grid values shown."
     browser_or_skip()
@@ -613,20 +631,7 @@ def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeyp
     with serve(runs, port), chromium_page(1500, 1100) as page:
         page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
         page.locator(".ml-step").wait_for(timeout=60_000)
-        page.get_by_text("Compare", exact=True).first.click()
-        pick = page.locator("input.choices__input--cloned >> visible=true")
-        pick.wait_for(timeout=20_000)
-        while page.locator("button.choices__button >> visible=true").count():   # clear the default choice
-            page.locator("button.choices__button >> visible=true").first.click()
-            time.sleep(0.3)
-        for name in ("mrl", "2dmse", "diagonal"):                 # MRL first: the reference of the deltas
-            pick.click()
-            page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
-            time.sleep(0.3)
-        pattern = page.locator("input.bk-input[type=text] >> visible=true")
-        pattern.fill("builtin_sts/*")
-        pattern.press("Enter")
-        page.get_by_text("Δ diagonal").first.wait_for(timeout=20_000)
+        compare_in_page(page, ("mrl", "2dmse", "diagonal"), "builtin_sts/*")   # MRL first: the reference of the deltas
         time.sleep(1.5)
         head = page.locator("tr:has-text('Δ diagonal')").first.inner_text().split("\t")
         row = page.locator("tr:has-text('builtin_sts/L1/d8/spearman')").first.inner_text().split("\t")
@@ -634,3 +639,76 @@ def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeyp
     assert [h.strip() for h in head[1:]] == ["mrl", "2dmse", "diagonal", "Δ 2dmse", "Δ diagonal"], head
     mrl, diagonal = grid["mrl"][(1, 8)], grid["diagonal"][(1, 8)]
     assert (row[1], row[3], row[5]) == (f"{mrl:.4g}", f"{diagonal:.4g}", f"{diagonal - mrl:.4g}"), row
+
+
+ST_WRITER = """
+import sys, time, warnings
+warnings.filterwarnings("ignore")
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from sentence_transformers.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
+from transformers import TrainerCallback
+from matryoshka_lab.watch import RunDirectoryCallback
+model_dir, run_dir, out_dir, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+class Slow(TrainerCallback):   # a tiny model trains in milliseconds: a step of a real one takes longer
+    def on_step_end(self, *args, **kwargs):
+        time.sleep(0.1)
+
+model = SentenceTransformer(model_dir, device="cpu")
+pairs = Dataset.from_dict({"anchor": [f"sentence number {i} about topic {i % 5}" for i in range(64)],
+                           "positive": [f"the {i}th sentence, on topic {i % 5}" for i in range(64)]})
+args = SentenceTransformerTrainingArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=8, logging_steps=1,
+                                            eval_strategy="steps", eval_steps=10, save_strategy="no", report_to=[],
+                                            use_cpu=True, disable_tqdm=True)
+trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs, eval_dataset=pairs.select(range(8)),
+                                     loss=MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), [32, 16, 8]),
+                                     callbacks=[RunDirectoryCallback(run_dir, tasks=["builtin_sts"], dims=[8, 16, 32]), Slow()])
+trainer.train()
+"""
+
+
+def test_browser_follows_a_sentence_transformers_run(tmp_path, tiny_model_dir):
+    "A sentence-transformers run in another process writes through RunDirectoryCallback; the open workbench shows its new steps and grids while it trains, and compares it with a run of our trainer."
+    browser_or_skip()
+    from matryoshka_lab.config import make_config
+    from matryoshka_lab.trainer import Trainer
+    runs = tmp_path / "runs"
+    Trainer(make_config({"model": str(tiny_model_dir), "method": "mrl", "objective": "infonce", "train_task": "builtin_sts",
+                         "max_steps": 2, "batch_size": 8, "max_length": 32, "dims": [8, 16, 32], "eval_tasks": ["builtin_sts"],
+                         "eval_every": 0, "checkpoint_every": 0, "run_dir": str(runs / "ours")}), progress=False).fit()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with open(tmp_path / "st.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", ST_WRITER, str(tiny_model_dir), str(runs / "st"), str(tmp_path / "out"), "300"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    port = free_port()
+    try:
+        with serve(runs, port), chromium_page(1500, 1100) as page:
+            page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
+            step = page.locator(".ml-step")
+            step.wait_for(timeout=60_000)
+            deadline = time.time() + 120
+            while "st" not in page.locator("select").first.evaluate("s => [...s.options].map(o => o.value)") and time.time() < deadline:
+                time.sleep(0.5)                                   # the run appears in the picker once it has written
+            page.locator("select").first.select_option("st")
+            seen = []                                             # (step shown, grid title's step) while it trains
+            while proc.poll() is None and len(seen) < 40 and time.time() < deadline:
+                text = shown(step)
+                grid = re.findall(r"\(step (\d+)\)", " ".join(page.locator(".gtitle").all_text_contents()))
+                if (m := re.search(r"step (\d+)", text)):
+                    seen.append((int(m.group(1)), int(grid[-1]) if grid else None))
+                time.sleep(0.5)
+            assert proc.poll() is None, "the run ended before the page could follow it: " + (tmp_path / "st.log").read_text()[-2000:]
+            page.screenshot(path=str(ARTIFACTS / "st_run.png"), full_page=False)
+            steps = [s for s, _ in seen]
+            grids = sorted({g for _, g in seen if g})
+            assert steps[-1] > steps[0] > 0, seen                 # new steps appeared while it trained
+            assert len(grids) >= 2, seen                          # and new grids (the trainer evaluates every 10 steps)
+            compare_in_page(page, ("ours", "st"), "builtin_sts/L3/*")
+            row = page.locator("tr:has-text('builtin_sts/L3/d8/spearman')").first.inner_text().split("\t")
+            page.screenshot(path=str(ARTIFACTS / "compare_st_run.png"), full_page=False)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    ours = pd.read_csv(runs / "ours" / "grid.csv").set_index(["layer", "dim"]).value[(3, 8)]
+    assert row[1] == f"{ours:.4g}" and row[2].strip() not in ("", "nan"), row

@@ -50,7 +50,7 @@ LAYERS = {   # the README's picture, bottom up: a module imports only modules of
     "measuring": ("budget", "eval", "diagnostics", "stats", "plots"),
     "training": ("config", "distributed", "checkpoint", "trainer", "gradients"),
     "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
-    "apps": ("cli", "st_loss", "dashboard", "workbench", "deploy")}
+    "apps": ("cli", "st_loss", "dashboard", "workbench", "deploy", "watch")}
 
 
 def test_each_layer_imports_only_its_own_and_those_below():

@@ -74,9 +74,12 @@ SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 20
 # mipic from a cold start: the top 3 layers re-drawn (reinit_top_layers), as far from sentence-similarity training as a
 # pretrained encoder gets here (no MLM checkpoint is at hand offline)
 SETTINGS["cold"] = {**SETTINGS["mipic"], "reinit_layers": 3}
+# the angle setting on the second backbone, all-mpnet-base-v2 (the `mpnet` extra): 12 layers make 2DMSE's layer axis richer
+SETTINGS["angle_mpnet"] = {**SETTINGS["angle"], "model": "mpnet", "dims": (16, 32, 64, 128, 256, 512, 768)}
 EVAL_TASKS = {"simcse": ["stsb_dev", *STS_TEST], "angle": ["stsb_dev", *STS_TEST], "angle_term": ["stsb_dev", *STS_TEST],
               "mipic": [*STS_TEST, "banking77", "tweeteval_emotion", "mrpc"]}
 EVAL_TASKS["cold"] = EVAL_TASKS["mipic"]
+EVAL_TASKS["angle_mpnet"] = EVAL_TASKS["angle"]
 
 def baseline_config(method: str, seed: int, run_dir: str | Path, setting: str = "angle", **overrides) -> TrainConfig:
     "The config of variant `method` in `setting`: all but the method, its own knobs, seed and run_dir is shared."

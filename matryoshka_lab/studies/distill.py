@@ -19,18 +19,21 @@ from ..runs import read_run
 from ..trainer import CheckpointCallback, EvalCallback, Trainer
 
 # %% auto #0
-__all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'distill_summary']
+__all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'teacher_nc1', 'distill_summary']
 
 # %% ../../nbs/studies/05_distill.ipynb #16c040a
 DISTILL_ARMS = {"mrl": {"method": "mrl", "objective": "simcse", "loss_options": {}},         # plain MRL, unsupervised SimCSE
                 "distill_nc": {"method": "distill_nc"},                                       # align + per-subnet CE (labels)
-                "distill_align": {"method": "distill_nc", "loss_options": {"lambda_cls": 0.0}}}   # align only (no labels)
+                "distill_align": {"method": "distill_nc", "loss_options": {"lambda_cls": 0.0}},   # align only (no labels)
+                "distill_free": {"method": "distill_nc", "loss_options": {"lambda_cls": 0.0, "projection": "free"}}}   # plain MSE: align only, P unconstrained
 
 def arm_config(arm: str, folder, seed: int = 0, config="configs/distill_nc.yaml", every: int = 50, quick: bool = False):
-    "The config of one arm of the comparison: the YAML `config` with the arm's method and `seed`, evaluation and NC1 every `every` steps; quick: one step on the generated intents."
+    "The config of one arm of the comparison: the YAML `config` with the arm's method and `seed` (a distillation arm's loss options over the config's: its teacher stays), evaluation and NC1 every `every` steps; quick: one step on the generated intents."
     if arm not in DISTILL_ARMS:
         raise ValueError(f"arm must be one of {tuple(DISTILL_ARMS)}, got {arm!r}")
-    values = {**load_config(config).to_dict(), **DISTILL_ARMS[arm], "seed": seed,
+    base, spec = load_config(config).to_dict(), DISTILL_ARMS[arm]
+    options = {**(base["loss_options"] if spec["method"] == base["method"] else {}), **spec.get("loss_options", {})}
+    values = {**base, **spec, "loss_options": options, "seed": seed,
               "run_dir": str(Path(folder) / f"{arm}_seed{seed}"), "eval_every": every, "checkpoint_every": 0}
     if quick:
         values.update(train_task="builtin_intents", eval_tasks=["builtin_intents"], max_steps=1, batch_size=8, max_length=16)
@@ -66,6 +69,12 @@ def distill_compare(folder, seeds=(0,), arms=tuple(DISTILL_ARMS), config="config
     untrained = start.assign(nc1=nc1_0, orth=np.nan, step=0, arm="untrained", seed=-1).reset_index()
     return pd.concat([untrained, rows], ignore_index=True)[["arm", "seed", "step", "dim", "knn_acc_intent",
                                                              "knn_acc_domain", "nc1", "orth"]]
+
+def teacher_nc1(folder, arm: str = "distill_nc", seed: int = 0) -> dict:
+    "The teacher's NC1 on the probe, as the run of a distillation `arm` and `seed` in `folder` logged it: {'dim': D_T, 'nc1': value}."
+    m = read_run(Path(folder) / f"{arm}_seed{seed}").metrics
+    row = m[m.name.str.startswith("nc1/teacher/d")].iloc[0]
+    return {"dim": int(row["name"].rsplit("/d", 1)[1]), "nc1": float(row.value)}
 
 def distill_summary(rows: pd.DataFrame, metric: str = "knn_acc_intent", decimals: int = 1) -> pd.DataFrame:
     "Arm x prefix dim: `metric` at each run's last step, mean ± SD over seeds (the untrained model: its one value); last, each arm's largest |P P^T - I| over every step, subnet and seed."
