@@ -694,14 +694,15 @@ def test_browser_follows_a_sentence_transformers_run(tmp_path, tiny_model_dir):
             seen = []                                             # (step shown, grid title's step) while it trains
             while proc.poll() is None and len(seen) < 40 and time.time() < deadline:
                 text = shown(step)
-                grid = re.findall(r"\(step (\d+)\)", " ".join(page.locator(".gtitle").all_text_contents()))
+                titles = " ".join(page.locator(".gtitle").all_text_contents())      # the Snapshots tab's title has a step too
+                grid = re.findall(r"builtin_sts: spearman \(step (\d+)\)", titles)
                 if (m := re.search(r"step (\d+)", text)):
                     seen.append((int(m.group(1)), int(grid[-1]) if grid else None))
                 time.sleep(0.5)
             assert proc.poll() is None, "the run ended before the page could follow it: " + (tmp_path / "st.log").read_text()[-2000:]
             page.screenshot(path=str(ARTIFACTS / "st_run.png"), full_page=False)
             steps = [s for s, _ in seen]
-            grids = sorted({g for _, g in seen if g})
+            grids = sorted({g for _, g in seen[1:] if g is not None})   # seen[0] may be the run shown before "st"
             assert steps[-1] > steps[0] > 0, seen                 # new steps appeared while it trained
             assert len(grids) >= 2, seen                          # and new grids (the trainer evaluates every 10 steps)
             compare_in_page(page, ("ours", "st"), "builtin_sts/L3/*")
