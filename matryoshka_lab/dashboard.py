@@ -22,10 +22,10 @@ from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spec
 from .runs import array_dir, array_file, array_steps, parse_record
 
 # %% auto #0
-__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'runs_root', 'resolve_run', 'run_file', 'read_file',
-           'safe_runs', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots', 'load_snapshot',
-           'natural_key', 'compare_frame', 'eval_grids', 'snapshot_figure', 'fractal_results', 'steerability_curves',
-           'figure_html', 'figure_png']
+__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'SNAPSHOTS', 'runs_root', 'resolve_run', 'run_file',
+           'read_file', 'safe_runs', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots',
+           'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'metric_kind', 'last_layer_pattern',
+           'snapshot_label', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html', 'figure_png']
 
 # %% ../nbs/23_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -264,14 +264,14 @@ def natural_key(name: str) -> tuple:
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
 
 def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.latest()
-                  pattern: str = "*", max_rows: int = 500) -> pd.DataFrame:
+                  pattern: str = "*") -> pd.DataFrame:
     "Latest values of the metrics matching `pattern`, one column per run, then 'Δ run' = run - first run."
     cols = {run: {key: v for key, v in df["value"].items() if fnmatch.fnmatchcase(key[1], pattern)}
             for run, df in latest.items()}
     if not cols:
         return pd.DataFrame()
     out = pd.DataFrame(cols, dtype=float)
-    out = out.loc[sorted(out.index, key=lambda k: (k[0], natural_key(k[1])))].head(max_rows)   # d16 before d128
+    out = out.loc[sorted(out.index, key=lambda k: (k[0], natural_key(k[1])))]   # d16 before d128
     first = list(cols)[0]
     for run in list(cols)[1:]:
         out[f"Δ {run}"] = out[run] - out[first]
@@ -291,9 +291,26 @@ def eval_grids(frame: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat([df.loc[keep, ["step", "value"]], parts[keep]], axis=1)
     return out.astype({"layer": int, "dim": int})[cols].reset_index(drop=True)
 
+def metric_kind(name: str) -> str:
+    "What a record measures, hence its scale: a grid record's METRIC, else the name without its L{l} and d{d} parts."
+    if (m := GRID_NAME.match(name)):
+        return m["metric"]
+    return "/".join(p for p in name.split("/") if not re.fullmatch(r"[Ld]\d+", p)) or name
+
+def last_layer_pattern(names) -> str:
+    "A glob selecting the eval grid records at the deepest layer among `names` ('*/L6/d*/*'); '*' when none is a grid record."
+    layers = [int(m["layer"]) for n in names if (m := GRID_NAME.match(n))]
+    return f"*/L{max(layers)}/d*/*" if layers else "*"
+
 # %% ../nbs/23_dashboard.ipynb #19c030
 GRIDS = {"diag_erank": "effective rank", "diag_cv": "coefficient of variation", "diag_cka_prefix": "CKA(prefix, full)",
          "diag_uniformity": "uniformity", "nc1": "NC1 (within / between class)"}   # [L+1, K] arrays
+SNAPSHOTS = {"diag_variance": "variance per dimension", "diag_xcorr": "prefix / residual cross-correlation",
+             "diag_cka_layers": "CKA between layers", **GRIDS}   # what the Snapshots picker calls each series
+
+def snapshot_label(name: str) -> str:
+    "The snapshot series' name in words (the picker's label), the file name for a series without one."
+    return SNAPSHOTS.get(name, name)
 
 def _labels(n: int, dims) -> list:
     return list(dims) if dims is not None and len(dims) == n else list(range(n))

@@ -443,9 +443,9 @@ class TimeBudget:
     def add_measurement(self, seconds: float) -> None:
         self.spent, self.last = self.spent + seconds, seconds
 
-    def allows(self) -> bool:
-        "spent + last <= budget x trained."
-        return self.spent + self.last <= self.budget * self.trained
+    def allows(self, reserve: int = 0) -> bool:
+        "spent + (1 + reserve) x last <= budget x trained: one more measurement, and `reserve` more after it, fit."
+        return self.spent + (1 + reserve) * self.last <= self.budget * self.trained
 
     @property
     def overhead(self) -> float:

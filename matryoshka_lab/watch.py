@@ -142,7 +142,7 @@ class RunDirectoryCallback(TrainerCallback):
             self.log.log_many(state.global_step, {k: v for k, v in loss.last.floats().items() if k != "total"})
         if self.every and state.global_step % self.every == 0:
             self.grade(state.global_step)
-        if self.clock is not None and self.clock.allows():
+        if self.clock is not None and self.clock.allows(reserve=1):   # room left for the end's
             self.measure(state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -160,13 +160,13 @@ class RunDirectoryCallback(TrainerCallback):
             self.grade(state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        "The last step's grid and diagnostics (unless made already); release the run directory."
+        "The last step's grid, and its diagnostics if they fit the budget (unless made already); release the run directory."
         if not self.main:
             return
         try:
             if self.graded != state.global_step:
                 self.grade(state.global_step)
-            if self.measured != state.global_step:
+            if self.measured != state.global_step and self.clock is not None and self.clock.allows():
                 self.measure(state.global_step)
         finally:
             self.log.close()

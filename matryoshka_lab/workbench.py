@@ -19,18 +19,18 @@ import panel as pn
 
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
-    list_arrays, list_snapshots, load_snapshot, natural_key, read_file, resolve_run, run_file, runs_root, safe_runs,
-    snapshot_figure, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
+    last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_kind, natural_key, read_file, resolve_run,
+    run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'client_allowed', 'empty_figure',
-           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane',
-           'with_exports', 'tab', 'find_grids', 'read_grid', 'grid_view', 'budget_view', 'RunPickerMixin',
-           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
-           'build_app', 'show']
+           'TABLE_HEIGHT', 'TABLE_ROWS', 'BAR_KINDS', 'BARS_PER_KIND', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT',
+           'GRID_BYTES', 'CONFIG_BYTES', 'client_allowed', 'empty_figure', 'axis_title', 'lines_figure',
+           'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab',
+           'find_grids', 'read_grid', 'grid_view', 'budget_view', 'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin',
+           'SnapshotMixin', 'SteerabilityMixin', 'compare_bars', 'CompareMixin', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -41,6 +41,9 @@ COLUMNS = ["task", "layer", "dim", "metric", "value"]
 NOT_DEFAULT = ("lr", "grad_norm")   # training curves not shown until chosen
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
 MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
+TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
+TABLE_ROWS = 500       # rows of the Compare table at most (it says when it shows fewer than match)
+BAR_KINDS, BARS_PER_KIND = 3, 12   # the Compare bars: panels (one per kind of metric) and bars per run in each
 
 def client_allowed(ip: str | None, env=os.environ) -> bool:
     "Loopback clients always; others only with MATRYOSHKA_LAB_ALLOW_REMOTE=1 (an unknown address counts as remote)."
@@ -56,6 +59,11 @@ def empty_figure(text: str):
     "A blank figure whose title says why it is blank."
     import plotly.graph_objects as go
     return go.Figure().update_layout(title=text, height=320, width=640, xaxis_visible=False, yaxis_visible=False)
+
+def axis_title(names, fallback: str = "value") -> str:
+    "The y axis title of curves of `names`: the kind of metric they share (dashboard.metric_kind), else `fallback`."
+    kinds = {metric_kind(n) for n in names}
+    return kinds.pop() if len(kinds) == 1 else fallback
 
 def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str):
     "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps)."
@@ -323,10 +331,10 @@ class MonitorMixin:
             self.eval_plot.object = fit(empty_figure(""))
         else:
             df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
-            self.train_plot.object = fit(lines_figure(df[df.split == "train"], list(self.train_choice.value),
-                                                  "training loss and parts", "value"))
-            self.eval_plot.object = fit(lines_figure(df[df.split != "train"], list(self.eval_choice.value),
-                                                     "eval metrics", "value"))
+            train, evals = list(self.train_choice.value), list(self.eval_choice.value)
+            self.train_plot.object = fit(lines_figure(df[df.split == "train"], train, "training loss and parts",
+                                                      axis_title(train)))
+            self.eval_plot.object = fit(lines_figure(df[df.split != "train"], evals, "eval metrics", axis_title(evals)))
         self.refresh_grid(follow=False)
 
 # %% ../nbs/24_workbench.ipynb #20c022b
@@ -390,17 +398,17 @@ class SnapshotMixin:
         "The picker, slider, layer input and figure, and what a change of each triggers."
         self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=SIDEBAR)
         self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=SIDEBAR, visible=False)
-        self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR)
+        self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR, visible=False)
         self.snap_plot = figure_pane(empty_figure("no snapshots in this run"), height=GRID_HEIGHT)
         self.array_select.param.watch(lambda e: self.refresh_snapshots(follow=True), "value")
         self.snap_slider.param.watch(lambda e: self.draw_snapshot(), "value")
         self.layer_input.param.watch(lambda e: self.draw_snapshot(), "value")
 
     def refresh_arrays(self) -> None:
-        "List the open run's snapshot series; keep the chosen one if it is still there."
+        "List the open run's snapshot series (named in words); keep the chosen one if it is still there."
         arrays = list_arrays(self.run_dir) if self.run_dir else []
-        if arrays != list(self.array_select.options):
-            self.array_select.options = arrays
+        if arrays != list(self.array_select.values):
+            self.array_select.options = {snapshot_label(a): a for a in arrays}
         if self.array_select.value not in arrays:
             self.array_select.value = arrays[0] if arrays else None   # fires refresh_snapshots(follow=True)
         self.refresh_snapshots(follow=False)
@@ -408,6 +416,7 @@ class SnapshotMixin:
     def refresh_snapshots(self, follow: bool) -> None:
         "List the chosen series' steps; the slider moves to the newest when following or already at the end."
         name = self.array_select.value
+        self.layer_input.visible = name == "diag_variance"   # the one view drawn for one layer
         steps = list_snapshots(self.run_dir, name) if (self.run_dir and name) else []
         if not steps:
             self.snap_slider.visible = False
@@ -441,17 +450,14 @@ class SnapshotMixin:
 
 # %% ../nbs/24_workbench.ipynb #20c025
 class SteerabilityMixin:
-    "The Snapshots tab's steerability curves of the Fractal result JSONs in the open run's `run_dir`."
+    "The Snapshots tab's steerability curves of the Fractal result JSONs in the open run's `run_dir` (nothing without one)."
     def _init_steerability(self) -> None:
-        "The picker, figure and note, the box showing either, and what a change of the picker triggers."
+        "The picker and figure, the box showing them once the run has a Fractal result, and what the picker triggers."
         self._fractal: dict[str, dict] = {}
         self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=SIDEBAR)
         self.steer_plot = figure_pane(empty_figure("no Fractal result JSON in this run"))
-        self.steer_note = pn.pane.Markdown("No Fractal result JSON in this run "
-                                           "(`matryoshka-lab fractal --out RUN/NAME.json`).")
         self._steer_parts = [self.steer_select, with_exports(self.steer_plot, "steerability")]
-        # the note, or the parts once the run has a Fractal result
-        self.steer_box = pn.Column(self.steer_note, sizing_mode="stretch_width")
+        self.steer_box = pn.Column(sizing_mode="stretch_width")   # empty, or the parts once the run has a Fractal result
         self.steer_select.param.watch(lambda e: self.draw_steerability(), "value")
 
     def refresh_fractal(self) -> None:
@@ -461,8 +467,8 @@ class SteerabilityMixin:
         self.steer_select.options = options
         if self.steer_select.value not in options:
             self.steer_select.value = options[0] if options else None
-        want = self._steer_parts if self.steer_select.options else [self.steer_note]   # swapped, not hidden: a hidden
-        if list(self.steer_box.objects) != want:                                      # plotly pane breaks notebook views
+        want = self._steer_parts if self.steer_select.options else []   # swapped, not hidden: a hidden plotly
+        if list(self.steer_box.objects) != want:                         # pane breaks notebook views
             self.steer_box.objects = want
         self.draw_steerability()
 
@@ -478,6 +484,35 @@ class SteerabilityMixin:
             self.steer_plot.object = fit(empty_figure(f"{choice}: unreadable ({type(err).__name__})"))
 
 # %% ../nbs/24_workbench.ipynb #20c027
+def _bar_label(split: str, name: str) -> str:
+    "A bar's label within its kind's panel: the name without the metric the axis names ('stsb/L6/d16'), its split if not eval."
+    m = GRID_NAME.match(name)
+    label = name.rsplit("/", 1)[0] if m else ("/".join(p for p in name.split("/") if re.fullmatch(r"[Ld]\d+", p)) or name)
+    return label if split == "eval" else f"{split}: {label}"
+
+def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows, one column per run, then the deltas
+                 runs: list[str], max_kinds: int = BAR_KINDS, max_bars: int = BARS_PER_KIND):
+    "Grouped bars of the runs' latest values, one panel per kind of metric with its own titled axis; a cut list says so."
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+    kinds = pd.Series([metric_kind(n) for _, n in df.index], index=df.index)
+    order = list(dict.fromkeys(kinds))
+    shown = order[:max_kinds]
+    counts = kinds.value_counts()
+    titles = [k + (f" (first {max_bars} of {counts[k]})" if counts[k] > max_bars else "") for k in shown]
+    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=titles, vertical_spacing=0.5 / max(len(shown), 1))
+    for row, kind in enumerate(shown, 1):
+        part = df[kinds == kind].head(max_bars)
+        x = [_bar_label(s, n) for s, n in part.index]
+        for i, run in enumerate(runs):
+            fig.add_trace(go.Bar(name=run, x=x, y=part[run], legendgroup=run, showlegend=row == 1,
+                                 marker_color=qualitative.Plotly[i % len(qualitative.Plotly)]), row=row, col=1)
+        fig.update_yaxes(title_text=kind, row=row, col=1)
+    title = "latest values" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
+                               if len(order) > max_kinds else "")
+    return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
+
 class CompareMixin:
     "The Compare tab: the chosen runs' latest values side by side, deltas against the first, and a metric's curves."
     def _init_compare(self) -> None:
@@ -485,7 +520,8 @@ class CompareMixin:
         self._cmp_tails: dict[str, MetricsTail] = {}
         self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
                                                value=self.names[:2], width=SIDEBAR)
-        self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name)", value="*", width=SIDEBAR)
+        self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name, * for all)", value="",
+                                                placeholder="the eval grid at the last layer", width=SIDEBAR)
         self.cmp_button = pn.widgets.Button(label="Compare", width=120)
         self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
         self.cmp_plot = figure_pane(empty_figure("choose runs"))
@@ -497,8 +533,46 @@ class CompareMixin:
         self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
 
     def compare(self) -> None:
-        "Latest values of the chosen runs' metrics matching the pattern: a table with coloured deltas, and bars."
-        import plotly.graph_objects as go
+        "Latest values of the chosen runs' metrics matching the pattern: a scrolling table with coloured deltas, and bars."
+        latest = self._compared_latest()
+        pattern = self.cmp_pattern.value.strip()
+        if not pattern:                                  # the eval grid at the reference run's last layer
+            ref = next(iter(latest.values()), None)
+            pattern = last_layer_pattern([n for s, n in ref.index if s != "train"]) if ref is not None else "*"
+        df = compare_frame(latest, pattern)
+        names = sorted({n for _, n in df.index}, key=natural_key)
+        if names != list(self.cmp_metric.options):
+            self.cmp_metric.options = names
+        if self.cmp_metric.value not in names:
+            self.cmp_metric.value = names[0] if names else None      # fires draw_compare_curves
+        self.draw_compare_curves()
+        if df.empty:
+            self.cmp_table.object = ("<p>Nothing to compare: choose runs and a pattern matching their metric names "
+                                     f"(<code>{pattern}</code> matches none).</p>")
+            self.cmp_plot.object = fit(empty_figure("nothing to compare"))
+            return
+        deltas = [c for c in df.columns if str(c).startswith("Δ ")]
+        table = df.head(TABLE_ROWS).copy()
+        table.index = [f"{s}: {n}" for s, n in table.index]
+
+        def colour(v):
+            if pd.isna(v) or v == 0:
+                return ""
+            return "background-color: #c8e6c9" if v > 0 else "background-color: #ffcdd2"
+
+        styler = table.style.format("{:.4g}", na_rep="–").map(colour, subset=deltas)
+        shown = f"the first {TABLE_ROWS} of {len(df)}" if len(df) > TABLE_ROWS else f"{len(df)}"
+        note = (f"Latest value per run of {shown} metric{'s' if len(df) > 1 else ''} matching <code>{pattern}</code>"
+                + ("" if self.cmp_pattern.value.strip() else " (the eval grid at the last layer; type a glob for others)")
+                + ("; Δ = run minus the first run (green above, red below)" if deltas else "") + ".")
+        self.cmp_table.object = (f"<p>{note}</p><div style='max-height: {TABLE_HEIGHT}px; overflow-y: auto'>"
+                                 + styler.to_html() + "</div>")
+        fig = compare_bars(df, [c for c in df.columns if c not in deltas])
+        self.cmp_plot.height = fig.layout.height
+        self.cmp_plot.object = fit(fig)
+
+    def _compared_latest(self) -> dict[str, pd.DataFrame]:
+        "The latest values of each chosen run that can be read (its tail kept open while it stays chosen)."
         latest = {}
         for name in self.cmp_runs.value:
             if name not in self._cmp_tails:
@@ -511,33 +585,7 @@ class CompareMixin:
             latest[name] = t.latest()
         for gone in set(self._cmp_tails) - set(self.cmp_runs.value):
             del self._cmp_tails[gone]
-        df = compare_frame(latest, self.cmp_pattern.value or "*")
-        names = sorted({n for _, n in df.index}, key=natural_key)
-        if names != list(self.cmp_metric.options):
-            self.cmp_metric.options = names
-        if self.cmp_metric.value not in names:
-            self.cmp_metric.value = names[0] if names else None      # fires draw_compare_curves
-        self.draw_compare_curves()
-        if df.empty:
-            self.cmp_table.object = "<p>Nothing to compare: choose runs and a pattern matching their metric names.</p>"
-            self.cmp_plot.object = fit(empty_figure("nothing to compare"))
-            return
-        deltas = [c for c in df.columns if str(c).startswith("Δ ")]
-        table = df.copy()
-        table.index = [f"{s}: {n}" for s, n in table.index]
-
-        def colour(v):
-            if pd.isna(v) or v == 0:
-                return ""
-            return "background-color: #c8e6c9" if v > 0 else "background-color: #ffcdd2"
-
-        styler = table.style.format("{:.4g}", na_rep="–").map(colour, subset=deltas)
-        self.cmp_table.object = ("<p>Latest value per run; Δ = run minus the first run (green above, red below).</p>"
-                                 + styler.to_html())
-        runs = [c for c in df.columns if c not in deltas]
-        top = table.head(30)
-        fig = go.Figure([go.Bar(name=r, x=list(top.index), y=top[r]) for r in runs])
-        self.cmp_plot.object = fit(fig.update_layout(barmode="group", title="latest values"))
+        return latest
 
     def draw_compare_curves(self) -> None:
         "The chosen metric over steps, one line per compared run."
@@ -545,7 +593,7 @@ class CompareMixin:
         frames = [t.frame({name}).assign(name=run) for run, t in self._cmp_tails.items()] if name else []
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["split", "name", "step", "value"])
         title = f"{name} per run" if name else "no metric"
-        self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), title, "value"))
+        self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), title, name or "value"))
 
     def refresh_compare(self) -> None:
         "Redo the comparison if a compared run appended anything (runs still training stay current)."

@@ -5,6 +5,7 @@ The browser tests need Debian's chromium and Playwright for Python; they are ski
 MATRYOSHKA_LAB_REQUIRE_BROWSER=1 (set by .ci/run), in which case they fail. Screenshots go to tests/artifacts/.
 """
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -229,9 +230,9 @@ def test_app_on_empty_nan_halfwritten_and_deleted_runs(tmp_path):
     assert "stsb_dev/L2/d4/spearman" in wb.eval_choice.value
     mrl = [tr for tr in wb.train_plot.object.data if tr.name == "mrl"][0]
     assert np.isnan(np.asarray(mrl.y, float)).sum() == 1               # the NaN is a gap, not a crash
-    assert wb.array_select.options == ["diag_cka_layers", "diag_variance", "diag_xcorr", "nc1"]
+    assert list(wb.array_select.values) == ["diag_cka_layers", "diag_variance", "diag_xcorr", "nc1"]
     assert list(wb.snap_slider.options) == [1, 2, 3, 4, 5] and wb.snap_slider.value == 5
-    for name in wb.array_select.options:
+    for name in wb.array_select.values:
         wb.array_select.value = name
         assert "step 5" in wb.snap_plot.object.layout.title.text
     wb.snap_slider.value = 2
@@ -436,6 +437,9 @@ def test_browser_shows_new_step_within_2s(tmp_path):
     browser_or_skip()
     runs = tmp_path / "runs"
     write_run(runs / "live", config={"dims": [2, 4, 8]})
+    with open(runs / "live" / "metrics.jsonl", "a") as f:          # diagnostics' scalars, as a real run logs them
+        for s, kind, l, d in itertools.product(range(1, 6), ("erank", "cv", "cka_prefix", "uniformity"), range(7), (2, 4, 8)):
+            f.write(json.dumps({"step": s, "time": s, "split": "eval", "name": f"diag/{kind}/L{l}/d{d}", "value": l * d}) + "\n")
     write_run(runs / "other", steps=range(1, 4), snapshots=False)
     with open(runs / "other" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "na')                                  # half-written last line
@@ -461,6 +465,14 @@ def test_browser_shows_new_step_within_2s(tmp_path):
             page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
             sizes[tab] = size()
         assert page.get_by_text("Cheapest within 1.0% of the full model").count() == 1   # the Budget tab's advice
+        page.get_by_text("Compare", exact=True).first.click()
+        box = page.locator("input.bk-input[type=text] >> visible=true")
+        box.fill("*")                                            # all 88 metrics: the table scrolls, the bars are cut
+        box.press("Enter")
+        page.get_by_text("metrics matching *").first.wait_for(timeout=20_000)
+        time.sleep(1.5)
+        page.screenshot(path=str(ARTIFACTS / "compare_all.png"), full_page=True)
+        sizes["Compare *"] = size()
         print("page width x height per tab at a 1500 x 1100 window:", sizes)
         # every tab uses the window: no sideways scrolling, and at most a short scroll down (three figures were 4,700 px)
         assert all(w <= 1500 and h <= 1500 for w, h in sizes.values()), sizes

@@ -16,10 +16,11 @@ from ..distill import NC1Callback
 from ..encoder import Encoder
 from ..eval import evaluate
 from ..runs import read_run
+from ..stats import compare_conditions
 from ..trainer import CheckpointCallback, EvalCallback, Trainer
 
 # %% auto #0
-__all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'teacher_nc1', 'distill_summary']
+__all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'teacher_nc1', 'distill_summary', 'distill_tests']
 
 # %% ../../nbs/studies/05_distill.ipynb #16c040a
 DISTILL_ARMS = {"mrl": {"method": "mrl", "objective": "simcse", "loss_options": {}},         # plain MRL, unsupervised SimCSE
@@ -88,3 +89,15 @@ def distill_summary(rows: pd.DataFrame, metric: str = "knn_acc_intent", decimals
     orth = rows.groupby("arm").orth.max()
     table["max abs(P P^T - I)"] = [f"{orth[a]:.1e}" if pd.notna(orth.get(a)) else "" for a in table.index]
     return table.rename_axis(metric)
+
+def distill_tests(rows: pd.DataFrame, metric: str = "knn_acc_intent", reference: str = "distill_nc") -> pd.DataFrame:
+    "Per prefix dim, `reference` against every other trained arm at each run's last step, paired over seeds (stats.compare_conditions: mean_diff = reference - arm, t, p, Holm's p_adj over the arms of a dim, d_z)."
+    last = rows[(rows.arm != "untrained") & (rows.step == rows.groupby(["arm", "seed"]).step.transform("max"))]
+    if last.seed.nunique() < 2:
+        raise ValueError(f"paired tests need at least 2 seeds, the rows hold {sorted(last.seed.unique())}")
+    out = []
+    for d, g in last.groupby("dim"):
+        wide = g.pivot(index="seed", columns="arm", values=metric).dropna()
+        table = compare_conditions({a: wide[a].to_numpy() for a in wide.columns}, reference)
+        out.append(table.drop(index=reference).assign(dim=d))
+    return pd.concat(out).reset_index().set_index(["dim", "condition"])[["n", "mean_diff", "t", "p", "p_adj", "d"]]

@@ -28,12 +28,12 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES',
            'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
            'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table', 'budget_table', 'funnel_figure',
-           'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'precision_grid_table', 'eval_grid_table',
-           'faiss_table', 'distill_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
-           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
-           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
-           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
-           'spectra_figure', 'write_figures']
+           'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table',
+           'eval_grid_table', 'faiss_table', 'distill_table', 'watch_table', 'dashboard_table', 'fractal_workers_table',
+           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table',
+           'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table',
+           'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure',
+           'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -417,6 +417,14 @@ def mteb_table(results="results") -> str:
                                                "bf16 - fp32": _signed(row['bf16'] - row['fp32'])} for row in r["mteb"]}
     return md_table(pd.DataFrame(rows).T.rename_axis("task"))
 
+def mteb_check_table(results="results", file: str = "mteb_mpnet.json") -> str:
+    "results/eval/FILE (experiments/mteb_check.py): a packaged model's MTEB STS scores by our evaluator beside MTEB's published ones."
+    r = _result_file(results, "eval", file, command="python experiments/mteb_check.py --model mpnet")
+    rows = {f"{row['task']} {row['metric']}": {"ours": f"{row['ours']:.2f}", "MTEB": f"{row['published']:.2f}",
+                                               "ours - MTEB": _signed(row['ours'] - row['published'])} for row in r["rows"]}
+    label = f"{r['name']}: {r['layers']} layers, {r['hidden_size']} dims, {r['pooling']} pooling, max_length {r['max_length']}"
+    return md_table(pd.DataFrame(rows).T.rename_axis(label))
+
 def precision_grid_table(results="results") -> str:
     "results/eval/precision.json: the demo grid in bf16 against fp32, largest cell difference per task."
     r = _result_file(results, "eval", "precision.json", command="python experiments/precision.py")
@@ -451,11 +459,28 @@ def faiss_table(results="results") -> str:
     return md_table(pd.DataFrame(rows).T.rename_axis(f"faiss {s['faiss']}, {s['threads']} thread(s), {s['n_queries']:,} queries, "
                                                        f"k = {s['k']}, median of {s['rounds']} rounds"))
 
-def distill_table(results="results", metric: str = "knn_acc_intent") -> str:
-    "results/distill/clinc150.json: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill_compare.distill_summary)."
-    r = _result_file(results, "distill", "clinc150.json", command="python experiments/distill.py")
+def distill_table(results="results", metric: str = "knn_acc_intent", file: str = "clinc150.json") -> str:
+    "results/distill/FILE: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill_compare.distill_summary); with NC1, the teacher's."
+    r = _result_file(results, "distill", file, command="python experiments/distill.py")
     table = distill_summary(pd.DataFrame(r["rows"]), metric, 3 if metric == "nc1" else 1)
-    return md_table(table.rename_axis(f"{metric}, seeds {', '.join(map(str, r['seeds']))}, step {r['config']['max_steps']}"))
+    label = f"{metric}, seeds {', '.join(map(str, r['seeds']))}, step {r['config']['max_steps']}"
+    if metric == "nc1" and r.get("teacher_nc1"):
+        label += f" (teacher {r['config']['loss_options'].get('teacher', 'embedded')}: {r['teacher_nc1']['nc1']:.3f} at {r['teacher_nc1']['dim']} dims)"
+    return md_table(table.rename_axis(label))
+
+def watch_table(results="results") -> str:
+    "results/bench/watch_overhead.json: a sentence-transformers run's train_runtime with RunDirectoryCallback over without, per round and overall, and the callback's own account."
+    r = _result_file(results, "bench", "watch_overhead.json",
+                     command="python bench/watch_overhead.py --data-dir DATA --out results/bench/watch_overhead.json")
+    s, t = r["settings"], r["times_s"]
+    rows = {f"round {i + 1} ({'with' if i % 2 else 'without'} first)": {"without, s": f"{a:.1f}", "with, s": f"{b:.1f}",
+                                                                         "with / without": f"{b / a:.3f}"}
+            for i, (a, b) in enumerate(zip(t["without"], t["with"]))}
+    rows["geometric mean of the rounds"] = {"without, s": "", "with, s": "", "with / without": f"{r['overhead_ratio']:.3f}"}
+    rows["diagnostics' seconds / training steps' seconds (its own account, median)"] = {
+        "without, s": "", "with, s": "", "with / without": f"{r['diag_share']:.3f}"}
+    label = f"{s['model']}, {s['steps']} steps x {s['batch_size']} pairs, budget {s['budget']:.0%}"
+    return md_table(pd.DataFrame(rows).T.rename_axis(label))
 
 def dashboard_table(results="results") -> str:
     "results/bench/dashboard_refresh.json: a refresh tick's cost on a long log, a line's way onto the page in headless Chromium, and memory over a soak."
@@ -729,8 +754,9 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "fractal_synthetic": fractal_synthetic_table, "fractal_capacity": fractal_capacity_table, "fractal_loo": fractal_loo_table,
           "routing": routing_table,
           "demo": demo_table,
-          "encode": encode_table, "mteb": mteb_table, "precision_grid": precision_grid_table,
+          "encode": encode_table, "mteb": mteb_table, "mteb_check": mteb_check_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table,
+          "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
           "funnel": funnel_table, "query_latency": query_latency_table, "budget": budget_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
