@@ -24,8 +24,9 @@ from .runs import array_dir, array_file, array_steps, parse_record
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'SNAPSHOTS', 'runs_root', 'resolve_run', 'run_file',
            'read_file', 'safe_runs', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots',
-           'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'metric_kind', 'last_layer_pattern',
-           'snapshot_label', 'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_html', 'figure_png']
+           'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'name_parts', 'metric_kind',
+           'last_layer_pattern', 'snapshot_label', 'snapshot_figure', 'fractal_results', 'steerability_curves',
+           'figure_html', 'figure_png']
 
 # %% ../nbs/23_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -291,11 +292,17 @@ def eval_grids(frame: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat([df.loc[keep, ["step", "value"]], parts[keep]], axis=1)
     return out.astype({"layer": int, "dim": int})[cols].reset_index(drop=True)
 
-def metric_kind(name: str) -> str:
-    "What a record measures, hence its scale: a grid record's METRIC, else the name without its L{l} and d{d} parts."
+def name_parts(name: str) -> tuple[str, str]:
+    "(what a record measures, where): a grid record's (METRIC, TASK/L{l}/d{d}), else (the name without its L{l} and d{d} parts, those parts); a part left empty is the whole name."
     if (m := GRID_NAME.match(name)):
-        return m["metric"]
-    return "/".join(p for p in name.split("/") if not re.fullmatch(r"[Ld]\d+", p)) or name
+        return m["metric"], name[:-len(m["metric"]) - 1]
+    cell = [re.fullmatch(r"[Ld]\d+", p) is not None for p in name.split("/")]
+    pick = lambda keep: "/".join(p for p, c in zip(name.split("/"), cell) if c == keep) or name
+    return pick(False), pick(True)
+
+def metric_kind(name: str) -> str:
+    "What a record measures, hence its scale (name_parts' first part): 'spearman', 'diag/erank', 'loss'."
+    return name_parts(name)[0]
 
 def last_layer_pattern(names) -> str:
     "A glob selecting the eval grid records at the deepest layer among `names` ('*/L6/d*/*'); '*' when none is a grid record."

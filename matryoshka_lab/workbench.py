@@ -19,7 +19,7 @@ import panel as pn
 
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
-    last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_kind, natural_key, read_file, resolve_run,
+    last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_kind, name_parts, natural_key, read_file, resolve_run,
     run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
 from .plots import grid_table, headline, plot_grid
@@ -485,9 +485,8 @@ class SteerabilityMixin:
 
 # %% ../nbs/24_workbench.ipynb #20c027
 def _bar_label(split: str, name: str) -> str:
-    "A bar's label within its kind's panel: the name without the metric the axis names ('stsb/L6/d16'), its split if not eval."
-    m = GRID_NAME.match(name)
-    label = name.rsplit("/", 1)[0] if m else ("/".join(p for p in name.split("/") if re.fullmatch(r"[Ld]\d+", p)) or name)
+    "A bar's label within its kind's panel: where the record is from (dashboard.name_parts: 'stsb/L6/d16'), its split if not eval."
+    label = name_parts(name)[1]
     return label if split == "eval" else f"{split}: {label}"
 
 def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows, one column per run, then the deltas
