@@ -683,14 +683,16 @@ def _fractal_rows(results, dataset: str, name: str, command: str) -> pd.DataFram
 
 def fractal_runs_table(results="results", dataset: str = "clinc150",
                        files: str = "authors,authors_lr1e-03,authors_lr1e-02,authors_3level") -> str:
-    "Per result file of the authors' protocol: its levels and head lr, V5's and MRL's S (mean ± SD under the authors' evaluation / means under the others; S_02 with three levels) and the paired t-test p of V5 - MRL under each."
+    "Per result file of the authors' protocol: its frozen backbone, levels, the backbone's own k-NN accuracy per level, head lr, V5's and MRL's S (mean ± SD under the authors' evaluation / means under the others; S_02 with three levels) and the paired t-test p of V5 - MRL under each."
     rows = {}
     for name in (f.strip() for f in files.split(",")):
         res = _fractal_file(results, dataset, name)
         if res is None:
             raise ValueError(f"no result file {str(Path(results) / 'fractal' / dataset / name)!r}.json: "
                              f"run experiments/fractal_protocols.py (main or more --only {name}) --dataset {dataset}")
-        rows[f"`{name}`"] = {"levels": " -> ".join(f"{lv} ({n})" for lv, n in zip(res["levels"], res["n_classes"])),
+        rows[f"`{name}`"] = {"backbone": res["model"],
+                             "levels": " -> ".join(f"{lv} ({n})" for lv, n in zip(res["levels"], res["n_classes"])),
+                             "backbone k-NN acc": " / ".join(f"{v:.3f}" for v in res["backbone_acc"].values()),
                              "head lr": f"{res['config']['lr']:g}", "seeds": len(res["seeds"]),
                              "V5 S": _s_cell(_s_values(res, "v5")), "MRL S": _s_cell(_s_values(res, "mrl")),
                              "V5 - MRL, p": " / ".join(f"{res['stats_by_eval'][ev]['v5_vs_mrl']['p']:.2g}"
