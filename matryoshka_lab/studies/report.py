@@ -29,11 +29,11 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
            'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table', 'budget_table', 'funnel_figure',
            'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table',
-           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_tests_table', 'watch_table', 'dashboard_table',
-           'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
-           'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
-           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables',
-           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_tests_table', 'backbone_cost_table',
+           'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table', 'fractal_toggles_table',
+           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
+           'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table',
+           'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -489,6 +489,23 @@ def distill_tests_table(results="results", metric: str = "knn_acc_intent", file:
     label = f"{reference} - arm, {f'{task} ' if task else ''}{metric}, {int(tests.n.min())} seeds paired (Holm's p per d)"
     return md_table(table.rename(columns=lambda d: f"d = {d}").rename_axis(label))
 
+def backbone_cost_table(results="results") -> str:
+    "results/bench/backbone_cost.json: per model, seconds a training step of the AnglE setting per method and encoding's texts/s (medians over rounds), with the estimated minutes of one run; last, mpnet / embedded."
+    r = _result_file(results, "bench", "backbone_cost.json", command="python bench/backbone_cost.py --out results/bench/backbone_cost.json")
+    res, s = r["result"], r["settings"]
+    rows = {}
+    for model, m in res["models"].items():
+        rows[f"{model} (`{m['setting']}`)"] = {
+            **{f"{LABELS.get(k, k)}, s/step": f"{v:.2f}" for k, v in m["step_s"].items()},
+            "encode, texts/s (every layer)": f"{m['encode_texts_per_s']:.0f}",
+            f"one run, min (estimated: {s['sweep_steps']} steps + {m['eval_sentences']:,} sentences)":
+                " / ".join(f"{v:.0f}" for v in m["estimated_run_min"].values())}
+    ratio = res["ratios_mpnet_over_embedded"]
+    rows["mpnet / embedded"] = {**{f"{LABELS.get(k, k)}, s/step": f"{ratio[f'step_{k}']:.1f}x" for k in s["methods"]},
+                                "encode, texts/s (every layer)": f"{ratio['encode_time']:.1f}x the time"}
+    return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(
+        f"batch {s['batch_size']} x {s['max_length']} tokens, {s['threads']} threads, median of {s['rounds']} rounds"))
+
 def watch_table(results="results") -> str:
     "results/bench/watch_overhead.json: a sentence-transformers run's train_runtime with RunDirectoryCallback over without, per round and overall, and the callback's own account."
     r = _result_file(results, "bench", "watch_overhead.json",
@@ -779,6 +796,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "mteb_check": mteb_check_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "distill_tests": distill_tests_table,
+          "backbone_cost": backbone_cost_table,
           "dashboard": dashboard_table,
           "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
