@@ -29,11 +29,12 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
            'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table', 'budget_table', 'funnel_figure',
            'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table',
-           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_tests_table', 'backbone_cost_table',
-           'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table', 'fractal_toggles_table',
-           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
-           'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table',
-           'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_transfer_table', 'distill_tests_table',
+           'backbone_cost_table', 'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
+           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
+           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
+           'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -467,16 +468,27 @@ def _distill_rows(r: dict, task: str | None) -> pd.DataFrame:
         raise ValueError("the result file holds no tasks beside CLINC150: experiments/distill.py --transfer TASK ... adds them")
     return transfer_frame(pd.DataFrame(r["transfer"]), task)
 
-def distill_table(results="results", metric: str = "knn_acc_intent", file: str = "clinc150.json", task: str | None = None) -> str:
-    "results/distill/FILE: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill_compare.distill_summary); with NC1, the teacher's. With `task`, the final models' `metric` on that task (experiments/distill.py --transfer)."
+def distill_table(results="results", metric: str = "knn_acc_intent", file: str = "clinc150.json") -> str:
+    "results/distill/FILE: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill_compare.distill_summary); with NC1, the teacher's."
     r = _result_file(results, "distill", file, command="python experiments/distill.py")
-    table = distill_summary(_distill_rows(r, task), metric, 3 if metric == "nc1" else 1)
+    table = distill_summary(pd.DataFrame(r["rows"]), metric, 3 if metric == "nc1" else 1)
     label = f"{metric}, seeds {', '.join(map(str, r['seeds']))}, step {r['config']['max_steps']}"
-    if task:
-        table, label = table.drop(columns="max abs(P P^T - I)"), f"{task} {label}"
     if metric == "nc1" and r.get("teacher_nc1"):
         label += f" (teacher {r['config']['loss_options'].get('teacher', 'embedded')}: {r['teacher_nc1']['nc1']:.3f} at {r['teacher_nc1']['dim']} dims)"
     return md_table(table.rename_axis(label))
+
+def distill_transfer_table(results="results", file: str = "clinc150_mpnet.json", dims: str = "48,384") -> str:
+    "results/distill/FILE's tasks beside CLINC150 (experiments/distill.py --transfer): each final model's score on every task in its papers' metric (task_metric) at the prefix `dims`, mean ± SD over seeds, the untrained model first."
+    r = _result_file(results, "distill", file, command="python experiments/distill.py")
+    tasks = list(dict.fromkeys(row["task"] for row in r.get("transfer", [])))
+    if not tasks:
+        raise ValueError(f"results/distill/{file} holds no tasks beside CLINC150: experiments/distill.py --transfer TASK ... adds them")
+    parts = []
+    for task in tasks:
+        metric = task_metric(task)
+        table = distill_summary(_distill_rows(r, task), metric)
+        parts.append(table[[f"d = {d.strip()}" for d in dims.split(",")]].rename(columns=lambda c: f"{task} {metric}, {c}"))
+    return md_table(pd.concat(parts, axis=1).rename_axis(f"seeds {', '.join(map(str, r['seeds']))}, last layer"))
 
 def distill_tests_table(results="results", metric: str = "knn_acc_intent", file: str = "clinc150_mpnet.json",
                         task: str | None = None, reference: str = "distill_nc") -> str:
@@ -796,6 +808,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "mteb_check": mteb_check_table, "precision_grid": precision_grid_table,
           "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "distill_tests": distill_tests_table,
+          "distill_transfer": distill_transfer_table,
           "backbone_cost": backbone_cost_table,
           "dashboard": dashboard_table,
           "watch": watch_table,
