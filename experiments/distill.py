@@ -3,7 +3,7 @@ result file.
 
     MATRYOSHKA_LAB_DATA=../shared/data python experiments/distill.py [--seeds 0 1 2] [--out runs/distill_compare]
         [--result results/distill/clinc150.json] [--config configs/distill_nc.yaml] [--arms mrl distill_nc distill_align]
-        [--every 50]
+        [--every 50] [--transfer TASK ...]
 
 Each --arms of matryoshka_lab.studies.distill.DISTILL_ARMS (plain MRL with unsupervised SimCSE, distill_nc, distill_nc
 with alignment only, alignment only through free projections) trains the embedded all-MiniLM-L6-v2 with --config's
@@ -12,7 +12,8 @@ seed, measuring k-NN accuracy, the probe's NC1 and the projections' orthonormali
 steps (distill_compare); the untrained model is measured once. Run directories go to OUT (a complete one is read back, so an
 interrupted run continues); every row, with the config, arms, seeds and the command and commit that made them, is
 written to RESULT, which nbs/studies/05_distill.ipynb and RESULTS.md read. A few minutes per arm and seed on 2 CPU
-cores.
+cores. --transfer evaluates the untrained model and every run's exported model on more tasks at the last layer and every
+subnet dim (distill_transfer, e.g. the papers' kind of tasks: banking77 trec stsb) into the same file.
 """
 import argparse
 import json
@@ -21,7 +22,9 @@ import sys
 from pathlib import Path
 
 from matryoshka_lab.core import provenance
-from matryoshka_lab.studies.distill import DISTILL_ARMS, arm_config, distill_compare, distill_summary, teacher_nc1
+from matryoshka_lab.studies.baselines import task_metric
+from matryoshka_lab.studies.distill import (DISTILL_ARMS, arm_config, distill_compare, distill_summary, distill_transfer,
+                                            teacher_nc1, transfer_frame)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +37,7 @@ def main():
     p.add_argument("--config", default=str(ROOT / "configs" / "distill_nc.yaml"), help="the shared settings (a YAML config)")
     p.add_argument("--arms", nargs="+", default=["mrl", "distill_nc", "distill_align"], choices=list(DISTILL_ARMS))
     p.add_argument("--every", type=int, default=50, help="steps between NC1 and k-NN measurements")
+    p.add_argument("--transfer", nargs="+", default=[], metavar="TASK", help="more tasks to evaluate every model on (last layer)")
     args = p.parse_args()
     if args.every < 1:
         p.error(f"--every must be a positive number of steps, got {args.every}")
@@ -43,12 +47,17 @@ def main():
     shared = {k: v for k, v in shared.items() if k not in ("run_dir", "seed", "method", "objective")}
     distilled = [a for a in args.arms if DISTILL_ARMS[a]["method"] == "distill_nc"]
     teacher = teacher_nc1(args.out, distilled[0], args.seeds[0]) if distilled else None
+    transfer = distill_transfer(args.out, args.transfer, args.seeds, tuple(args.arms), args.config) if args.transfer else None
     record = {**made, "config": shared, "arms": {a: DISTILL_ARMS[a] for a in args.arms}, "seeds": args.seeds, "every": args.every,
               "teacher_nc1": teacher, "rows": json.loads(rows.round(6).to_json(orient="records"))}
+    if transfer is not None:
+        record["transfer"] = json.loads(transfer.round(6).to_json(orient="records"))
     Path(args.result).parent.mkdir(parents=True, exist_ok=True)
     Path(args.result).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     for metric, decimals in (("knn_acc_intent", 1), ("knn_acc_domain", 1), ("nc1", 3)):
         print(distill_summary(rows, metric, decimals).to_string(), "\n")
+    for task in args.transfer:                                    # the papers' metric of each task
+        print(task, distill_summary(transfer_frame(transfer, task), task_metric(task)).to_string(), "\n")
     if teacher:
         print(f"the teacher's NC1 on the probe ({teacher['dim']} dims): {teacher['nc1']:.3f}")
     print(f"wrote {args.result}")

@@ -20,7 +20,8 @@ from ..stats import compare_conditions
 from ..trainer import CheckpointCallback, EvalCallback, Trainer
 
 # %% auto #0
-__all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'teacher_nc1', 'distill_summary', 'distill_tests']
+__all__ = ['DISTILL_ARMS', 'arm_config', 'run_arm', 'distill_compare', 'teacher_nc1', 'distill_summary', 'distill_tests',
+           'distill_transfer', 'transfer_frame']
 
 # %% ../../nbs/studies/05_distill.ipynb #16c040a
 DISTILL_ARMS = {"mrl": {"method": "mrl", "objective": "simcse", "loss_options": {}},         # plain MRL, unsupervised SimCSE
@@ -78,9 +79,10 @@ def teacher_nc1(folder, arm: str = "distill_nc", seed: int = 0) -> dict:
     return {"dim": int(row["name"].rsplit("/d", 1)[1]), "nc1": float(row.value)}
 
 def distill_summary(rows: pd.DataFrame, metric: str = "knn_acc_intent", decimals: int = 1) -> pd.DataFrame:
-    "Arm x prefix dim: `metric` at each run's last step, mean ± SD over seeds (the untrained model: its one value); last, each arm's largest |P P^T - I| over every step, subnet and seed."
-    if metric not in ("knn_acc_intent", "knn_acc_domain", "nc1"):
-        raise ValueError(f"metric must be knn_acc_intent, knn_acc_domain or nc1, got {metric!r}")
+    "Arm x prefix dim: `metric` (a measure of the rows: distill_compare's k-NN accuracies and NC1, transfer_frame's task metrics) at each run's last step, mean ± SD over seeds (the untrained model: its one value); last, each arm's largest |P P^T - I| over every step, subnet and seed."
+    measures = [c for c in rows.columns if c not in ("arm", "seed", "step", "dim", "orth")]
+    if metric not in measures:
+        raise ValueError(f"metric must be one of the rows' measures {measures}, got {metric!r}")
     last = rows[rows.step == rows.groupby(["arm", "seed"]).step.transform("max")]
     stats = last.groupby(["arm", "dim"], sort=False)[metric].agg(["mean", "std", "count"])
     cell = lambda s: f"{s['mean']:.{decimals}f}" if s["count"] < 2 else f"{s['mean']:.{decimals}f} ± {s['std']:.{decimals}f}"
@@ -101,3 +103,34 @@ def distill_tests(rows: pd.DataFrame, metric: str = "knn_acc_intent", reference:
         table = compare_conditions({a: wide[a].to_numpy() for a in wide.columns}, reference)
         out.append(table.drop(index=reference).assign(dim=d))
     return pd.concat(out).reset_index().set_index(["dim", "condition"])[["n", "mean_diff", "t", "p", "p_adj", "d"]]
+
+# %% ../../nbs/studies/05_distill.ipynb #16c040b
+def distill_transfer(folder, tasks, seeds=(0,), arms=tuple(DISTILL_ARMS), config="configs/distill_nc.yaml",
+                     progress: bool = True) -> pd.DataFrame:
+    "Tasks beside the training one: the untrained model and every finished arm x seed's exported model (FOLDER/ARM_seedSEED) evaluated on `tasks` at the last layer and every subnet dim, one row per (arm, seed, task, dim, metric); each model's rows are kept in FOLDER/transfer/ and read back."
+    cfg = arm_config(arms[0], folder, seeds[0], config)
+    frames = []
+    for arm, seed in tqdm([("untrained", -1)] + [(a, s) for s in seeds for a in arms], desc="transfer tasks", unit="model",
+                          disable=not progress):
+        model = cfg.model if arm == "untrained" else Path(folder) / f"{arm}_seed{seed}"
+        if arm != "untrained" and not (model / "grid.csv").is_file():
+            raise FileNotFoundError(f"no finished run in {str(model)!r}: distill_compare trains it first")
+        path = Path(folder) / "transfer" / ("untrained.csv" if arm == "untrained" else f"{arm}_seed{seed}.csv")
+        done = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["task"])
+        todo = [t for t in dict.fromkeys(tasks) if t not in set(done.task)]
+        if todo:
+            more = evaluate(Encoder.from_pretrained(model), todo, layers="-1", dims=list(cfg.dims), data_dir=cfg.data_dir,
+                            progress=False)
+            done = pd.concat([d for d in (done, more) if len(d)], ignore_index=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            done.to_csv(path, index=False)
+        frames.append(done[done.task.isin(tasks)].assign(arm=arm, seed=seed))
+    return pd.concat(frames, ignore_index=True)[["arm", "seed", "task", "dim", "metric", "value"]]
+
+def transfer_frame(rows: pd.DataFrame, task: str) -> pd.DataFrame:
+    "distill_transfer's rows of one `task` in distill_compare's shape (a row per arm, seed and dim, a column per metric, step 0): what distill_summary and distill_tests read."
+    t = rows[rows.task == task]
+    if t.empty:
+        raise ValueError(f"no rows of task {task!r}; the rows hold {sorted(set(rows.task))}")
+    wide = t.pivot_table(index=["arm", "seed", "dim"], columns="metric", values="value").reset_index().rename_axis(columns=None)
+    return wide.assign(step=0, orth=np.nan)

@@ -19,7 +19,7 @@ from ..budget import RETRIEVAL_PRECISIONS, advise, budget_cells, bytes_per_vecto
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
 from .baselines import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
-from .distill import distill_summary
+from .distill import DISTILL_ARMS, distill_summary, distill_tests, transfer_frame
 from .fractal_paper import PAPER_POOLED, PAPER_ROUTING, PAPER_S, PAPER_T3, PAPER_T5_FIT, PAPER_TABLE9
 from .fractal_paper import capacity_table, fmt, table5
 
@@ -29,11 +29,12 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
            'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table', 'budget_table', 'funnel_figure',
            'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table',
-           'eval_grid_table', 'faiss_table', 'distill_table', 'watch_table', 'dashboard_table', 'fractal_workers_table',
-           'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table',
-           'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table',
-           'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure',
-           'step_time_figure', 'spectra_figure', 'write_figures']
+           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_transfer_table', 'distill_tests_table',
+           'backbone_cost_table', 'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
+           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
+           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
+           'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -459,6 +460,14 @@ def faiss_table(results="results") -> str:
     return md_table(pd.DataFrame(rows).T.rename_axis(f"faiss {s['faiss']}, {s['threads']} thread(s), {s['n_queries']:,} queries, "
                                                        f"k = {s['k']}, median of {s['rounds']} rounds"))
 
+def _distill_rows(r: dict, task: str | None) -> pd.DataFrame:
+    "A distillation result's rows: CLINC150 along training (distill_compare), or with `task` the models' rows on that task (transfer_frame)."
+    if task is None:
+        return pd.DataFrame(r["rows"])
+    if "transfer" not in r:
+        raise ValueError("the result file holds no tasks beside CLINC150: experiments/distill.py --transfer TASK ... adds them")
+    return transfer_frame(pd.DataFrame(r["transfer"]), task)
+
 def distill_table(results="results", metric: str = "knn_acc_intent", file: str = "clinc150.json") -> str:
     "results/distill/FILE: each arm's `metric` (k-NN intent or domain accuracy %, or the probe's NC1) at the last step per prefix dim, mean ± SD over seeds (distill_compare.distill_summary); with NC1, the teacher's."
     r = _result_file(results, "distill", file, command="python experiments/distill.py")
@@ -467,6 +476,47 @@ def distill_table(results="results", metric: str = "knn_acc_intent", file: str =
     if metric == "nc1" and r.get("teacher_nc1"):
         label += f" (teacher {r['config']['loss_options'].get('teacher', 'embedded')}: {r['teacher_nc1']['nc1']:.3f} at {r['teacher_nc1']['dim']} dims)"
     return md_table(table.rename_axis(label))
+
+def distill_transfer_table(results="results", file: str = "clinc150_mpnet.json", dims: str = "48,384") -> str:
+    "results/distill/FILE's tasks beside CLINC150 (experiments/distill.py --transfer): each final model's score on every task in its papers' metric (task_metric) at the prefix `dims`, mean ± SD over seeds, the untrained model first."
+    r = _result_file(results, "distill", file, command="python experiments/distill.py")
+    tasks = list(dict.fromkeys(row["task"] for row in r.get("transfer", [])))
+    if not tasks:
+        raise ValueError(f"results/distill/{file} holds no tasks beside CLINC150: experiments/distill.py --transfer TASK ... adds them")
+    parts = []
+    for task in tasks:
+        metric = task_metric(task)
+        table = distill_summary(_distill_rows(r, task), metric)
+        parts.append(table[[f"d = {d.strip()}" for d in dims.split(",")]].rename(columns=lambda c: f"{task} {metric}, {c}"))
+    return md_table(pd.concat(parts, axis=1).rename_axis(f"seeds {', '.join(map(str, r['seeds']))}, last layer"))
+
+def distill_tests_table(results="results", metric: str = "knn_acc_intent", file: str = "clinc150_mpnet.json",
+                        task: str | None = None, reference: str = "distill_nc") -> str:
+    "Per arm and prefix dim: `reference`'s `metric` minus the arm's at the last step, paired over seeds (distill_tests), with Holm's p over the arms of a dim and Cohen's d_z; with `task`, on that task."
+    r = _result_file(results, "distill", file, command="python experiments/distill.py")
+    tests = distill_tests(_distill_rows(r, task), metric, reference)
+    decimals = 3 if metric == "nc1" else 1
+    table = tests.apply(lambda t: f"{t.mean_diff:+.{decimals}f} (p {t.p_adj:.3f}, d_z {t.d:+.1f})", axis=1).unstack("dim")
+    table = table.reindex([a for a in DISTILL_ARMS if a in table.index])
+    label = f"{reference} - arm, {f'{task} ' if task else ''}{metric}, {int(tests.n.min())} seeds paired (Holm's p per d)"
+    return md_table(table.rename(columns=lambda d: f"d = {d}").rename_axis(label))
+
+def backbone_cost_table(results="results") -> str:
+    "results/bench/backbone_cost.json: per model, seconds a training step of the AnglE setting per method and encoding's texts/s (medians over rounds), with the estimated minutes of one run; last, mpnet / embedded."
+    r = _result_file(results, "bench", "backbone_cost.json", command="python bench/backbone_cost.py --out results/bench/backbone_cost.json")
+    res, s = r["result"], r["settings"]
+    rows = {}
+    for model, m in res["models"].items():
+        rows[f"{model} (`{m['setting']}`)"] = {
+            **{f"{LABELS.get(k, k)}, s/step": f"{v:.2f}" for k, v in m["step_s"].items()},
+            "encode, texts/s (every layer)": f"{m['encode_texts_per_s']:.0f}",
+            f"one run, min (estimated: {s['sweep_steps']} steps + {m['eval_sentences']:,} sentences)":
+                " / ".join(f"{v:.0f}" for v in m["estimated_run_min"].values())}
+    ratio = res["ratios_mpnet_over_embedded"]
+    rows["mpnet / embedded"] = {**{f"{LABELS.get(k, k)}, s/step": f"{ratio[f'step_{k}']:.1f}x" for k in s["methods"]},
+                                "encode, texts/s (every layer)": f"{ratio['encode_time']:.1f}x the time"}
+    return md_table(pd.DataFrame(rows).T.fillna("").rename_axis(
+        f"batch {s['batch_size']} x {s['max_length']} tokens, {s['threads']} threads, median of {s['rounds']} rounds"))
 
 def watch_table(results="results") -> str:
     "results/bench/watch_overhead.json: a sentence-transformers run's train_runtime with RunDirectoryCallback over without, per round and overall, and the callback's own account."
@@ -662,14 +712,16 @@ def _fractal_rows(results, dataset: str, name: str, command: str) -> pd.DataFram
 
 def fractal_runs_table(results="results", dataset: str = "clinc150",
                        files: str = "authors,authors_lr1e-03,authors_lr1e-02,authors_3level") -> str:
-    "Per result file of the authors' protocol: its levels and head lr, V5's and MRL's S (mean ± SD under the authors' evaluation / means under the others; S_02 with three levels) and the paired t-test p of V5 - MRL under each."
+    "Per result file of the authors' protocol: its frozen backbone, levels, the backbone's own k-NN accuracy per level, head lr, V5's and MRL's S (mean ± SD under the authors' evaluation / means under the others; S_02 with three levels) and the paired t-test p of V5 - MRL under each."
     rows = {}
     for name in (f.strip() for f in files.split(",")):
         res = _fractal_file(results, dataset, name)
         if res is None:
             raise ValueError(f"no result file {str(Path(results) / 'fractal' / dataset / name)!r}.json: "
                              f"run experiments/fractal_protocols.py (main or more --only {name}) --dataset {dataset}")
-        rows[f"`{name}`"] = {"levels": " -> ".join(f"{lv} ({n})" for lv, n in zip(res["levels"], res["n_classes"])),
+        rows[f"`{name}`"] = {"backbone": res["model"],
+                             "levels": " -> ".join(f"{lv} ({n})" for lv, n in zip(res["levels"], res["n_classes"])),
+                             "backbone k-NN acc": " / ".join(f"{v:.3f}" for v in res["backbone_acc"].values()),
                              "head lr": f"{res['config']['lr']:g}", "seeds": len(res["seeds"]),
                              "V5 S": _s_cell(_s_values(res, "v5")), "MRL S": _s_cell(_s_values(res, "mrl")),
                              "V5 - MRL, p": " / ".join(f"{res['stats_by_eval'][ev]['v5_vs_mrl']['p']:.2g}"
@@ -755,7 +807,10 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table,
           "routing": routing_table,
           "demo": demo_table,
           "encode": encode_table, "mteb": mteb_table, "mteb_check": mteb_check_table, "precision_grid": precision_grid_table,
-          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "dashboard": dashboard_table,
+          "eval_grid": eval_grid_table, "faiss": faiss_table, "distill": distill_table, "distill_tests": distill_tests_table,
+          "distill_transfer": distill_transfer_table,
+          "backbone_cost": backbone_cost_table,
+          "dashboard": dashboard_table,
           "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
           "funnel": funnel_table, "query_latency": query_latency_table, "budget": budget_table}
