@@ -13,7 +13,8 @@ steps (distill_compare); the untrained model is measured once. Run directories g
 interrupted run continues); every row, with the config, arms, seeds and the command and commit that made them, is
 written to RESULT, which nbs/studies/05_distill.ipynb and RESULTS.md read. A few minutes per arm and seed on 2 CPU
 cores. --transfer evaluates the untrained model and every run's exported model on more tasks at the last layer and every
-subnet dim (distill_transfer, e.g. the papers' kind of tasks: banking77 trec stsb) into the same file.
+subnet dim (distill_transfer; RESULTS.md uses the MIPIC and MIC papers' kind: banking77 tweeteval_emotion mrpc stsb)
+into the same file.
 """
 import argparse
 import json
