@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from matryoshka_lab.core import provenance
+from matryoshka_lab.data import TASKS
 from matryoshka_lab.studies.baselines import task_metric
 from matryoshka_lab.studies.distill import (DISTILL_ARMS, arm_config, distill_compare, distill_summary, distill_transfer,
                                             teacher_nc1, transfer_frame)
@@ -42,6 +43,9 @@ def main():
     args = p.parse_args()
     if args.every < 1:
         p.error(f"--every must be a positive number of steps, got {args.every}")
+    unknown = [t for t in args.transfer if t not in TASKS]
+    if unknown:
+        p.error(f"--transfer: unknown task(s) {', '.join(unknown)}; known tasks: {', '.join(TASKS)}")
     made = provenance("python experiments/distill.py " + shlex.join(sys.argv[1:]))   # the code that runs: its commit now
     rows = distill_compare(Path(args.out), seeds=args.seeds, arms=tuple(args.arms), config=args.config, every=args.every)
     shared = arm_config("distill_nc", args.out, config=args.config, every=args.every).to_dict()

@@ -123,7 +123,8 @@ def distill_transfer(folder, tasks, seeds=(0,), arms=tuple(DISTILL_ARMS), config
                             progress=False)
             done = pd.concat([d for d in (done, more) if len(d)], ignore_index=True)
             path.parent.mkdir(parents=True, exist_ok=True)
-            done.to_csv(path, index=False)
+            done.to_csv(path.with_suffix(".tmp"), index=False)
+            path.with_suffix(".tmp").replace(path)               # whole or not at all: an interrupted write is not read back
         frames.append(done[done.task.isin(tasks)].assign(arm=arm, seed=seed))
     return pd.concat(frames, ignore_index=True)[["arm", "seed", "task", "dim", "metric", "value"]]
 
