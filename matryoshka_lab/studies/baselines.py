@@ -74,8 +74,10 @@ SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 20
 # mipic from a cold start: the top 3 layers re-drawn (reinit_top_layers), as far from sentence-similarity training as a
 # pretrained encoder gets here (no MLM checkpoint is at hand offline)
 SETTINGS["cold"] = {**SETTINGS["mipic"], "reinit_layers": 3}
-# the angle setting on the second backbone, all-mpnet-base-v2 (the `mpnet` extra): 12 layers make 2DMSE's layer axis richer
-SETTINGS["angle_mpnet"] = {**SETTINGS["angle"], "model": "mpnet", "dims": (16, 32, 64, 128, 256, 512, 768)}
+# the angle setting on the second backbone, all-mpnet-base-v2 (the `mpnet` extra): 12 layers make 2DMSE's layer axis richer;
+# a run takes about 40 min on 2 cores, so it keeps its newest checkpoint every 50 steps and a cut run resumes from it
+SETTINGS["angle_mpnet"] = {**SETTINGS["angle"], "model": "mpnet", "dims": (16, 32, 64, 128, 256, 512, 768),
+                           "checkpoint_every": 50, "keep_checkpoints": 1}
 EVAL_TASKS = {"simcse": ["stsb_dev", *STS_TEST], "angle": ["stsb_dev", *STS_TEST], "angle_term": ["stsb_dev", *STS_TEST],
               "mipic": [*STS_TEST, "banking77", "tweeteval_emotion", "mrpc"]}
 EVAL_TASKS["cold"] = EVAL_TASKS["mipic"]
@@ -87,7 +89,7 @@ def baseline_config(method: str, seed: int, run_dir: str | Path, setting: str = 
         raise ValueError(f"method must be one of {tuple(VARIANTS)}, got {method!r}")
     if setting not in SETTINGS:
         raise ValueError(f"setting must be one of {tuple(SETTINGS)}, got {setting!r}")
-    values = {**SETTINGS[setting], "eval_tasks": EVAL_TASKS[setting], "eval_every": 0, "checkpoint_every": 0,
+    values = {"eval_every": 0, "checkpoint_every": 0, **SETTINGS[setting], "eval_tasks": EVAL_TASKS[setting],
               **VARIANTS[method], **overrides}
     return make_config({**values, "seed": seed, "run_dir": str(run_dir)})
 
