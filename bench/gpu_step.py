@@ -31,6 +31,12 @@ the --warmup rounds first are not counted; figures are medians over --rounds. On
 GPU (torch.cuda.synchronize). Weights are upcast to float32 after loading (bench/device_payload.py saves them in fp16).
 mrl_consecutive: after the rounds, --rounds steps of the mrl trainer back to back, as Trainer.fit runs them (each next
 batch tokenised in the background while one trains; in the rounds that work overlaps the other setups' steps).
+Variants, on CUDA only (inductor's compile takes minutes on a CPU), each an mrl trainer as above on its own copy of the
+model (the other setups stay eager): mrl_compiled (TrainConfig.compile: torch.compile of the model, default mode) and
+mrl_cudagraphs (mode reduce-overhead: CUDA graphs); compiles and graph captures happen in the warm-up rounds or, for a
+new sequence length, in the round that meets it (the median absorbs those). On any device: mrl_nocudnn, bare_bf16_nocudnn and
+enc_ours_bf16_nocudnn_bS: the same setups with cuDNN's attention kernels off (torch.backends.cuda.enable_cudnn_sdp), so
+SDPA picks flash or memory-efficient attention.
 compute_dtype: what the first Linear layer of the model computed in, seen in the first warm-up round (amp's dtype).
 The last line is one JSON object: the ratios and whether each goal is met, the medians, the device and versions; --out
 also writes it with what made it. X_over_Y is X's time over Y's (st_over_mrl: sentence-transformers' best of fp32 and
@@ -93,6 +99,18 @@ def bare_step(model, opt, batches, device, dtype=None, matmul="highest"):
         finally:
             torch.set_float32_matmul_precision(before)
     return step
+
+
+def without_cudnn_attention(step):
+    "step with cuDNN's scaled-dot-product attention kernels switched off for its duration."
+    def run(k):
+        before = torch.backends.cuda.cudnn_sdp_enabled()
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
+            return step(k)
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(before)
+    return run
 
 
 def trainer_step(trainer):
@@ -177,15 +195,24 @@ def main():
     log(f"{device}: {len(texts)} sentences, B {B}, L {L}; model loaded in {time.perf_counter() - started:.0f}s")
 
     setups, trainers, run_dir = {}, {}, tempfile.TemporaryDirectory(prefix="gpu_step_")   # nothing is written there
+    def make_trainer(method, encoder, **options):
+        cfg = TrainConfig(method=method, objective="simcse", batch_size=B, max_length=L, device=str(device),
+                          dims=tuple(dims), eval_every=-1, diagnostics_every=-1, run_dir=run_dir.name,
+                          max_steps=1_000_000, **options)
+        trainer = Trainer(cfg, encoder=encoder, data=TrainData(train_texts), drop=(Callback,), progress=False)
+        if trainer.loss_module is not None:
+            trainer.loss_module.train()
+        return trainer
     for method in METHODS:
         for amp in (True, False):
-            cfg = TrainConfig(method=method, objective="simcse", batch_size=B, max_length=L, device=str(device),
-                              dims=tuple(dims), eval_every=-1, diagnostics_every=-1, run_dir=run_dir.name,
-                              max_steps=1_000_000, amp=amp)
-            trainer = Trainer(cfg, encoder=enc, data=TrainData(train_texts), drop=(Callback,), progress=False)
-            if trainer.loss_module is not None:
-                trainer.loss_module.train()
-            trainers[method if amp else f"{method}_noamp"] = trainer
+            trainers[method if amp else f"{method}_noamp"] = make_trainer(method, enc, amp=amp)
+    if device.type == "cuda":                              # each variant on a copy: the setups above stay eager
+        trainers["mrl_compiled"] = make_trainer("mrl", copy.deepcopy(enc), compile=True)
+        graphed = copy.deepcopy(enc)
+        graphed.model.compile(mode="reduce-overhead")
+        trainers["mrl_cudagraphs"] = make_trainer("mrl", graphed)
+        for t in (trainers["mrl_compiled"], trainers["mrl_cudagraphs"]):
+            t.encoder.train()
     enc.train()
     # every setup's round k: the texts of our trainers' batch k (the same seed, so the same batches in all of them)
     batch_texts = [[train_texts[i] for i in trainers["mrl"].batch_indices(k)] for k in range(n_rounds)]
@@ -194,7 +221,9 @@ def main():
     setups["bare_fp32"] = bare_step(enc.model, bare_opt, bare_batches, device)
     setups["bare_tf32"] = bare_step(enc.model, bare_opt, bare_batches, device, matmul="high")
     setups["bare_bf16"] = bare_step(enc.model, bare_opt, bare_batches, device, dtype=torch.bfloat16)
+    setups["bare_bf16_nocudnn"] = without_cudnn_attention(setups["bare_bf16"])
     setups.update({name: trainer_step(t) for name, t in trainers.items()})
+    setups["mrl_nocudnn"] = without_cudnn_attention(trainer_step(make_trainer("mrl", enc)))
     st.train()
     st_loss = st_losses.MatryoshkaLoss(st, st_losses.MultipleNegativesRankingLoss(st), matryoshka_dims=dims[::-1])
     st_opt = torch.optim.AdamW(st.parameters(), lr=0.0)
@@ -204,6 +233,7 @@ def main():
         for prec in PRECISIONS:
             setups[f"enc_ours_{prec}_b{bs}"] = ours_pass(enc, enc_texts, bs, prec)
         setups[f"enc_ours_tf32_b{bs}"] = ours_pass(enc, enc_texts, bs, "fp32", tf32=True)
+        setups[f"enc_ours_bf16_nocudnn_b{bs}"] = without_cudnn_attention(ours_pass(enc, enc_texts, bs, "bf16"))
         for prec, model in (("fp32", st_enc), ("bf16", st_enc_bf16)):
             setups[f"enc_st_{prec}_b{bs}"] = st_pass(model, enc_texts, bs)
 
@@ -251,7 +281,13 @@ def main():
               "encode_ours_over_st": min(st_enc_t.values()) / min(ours_enc.values()),   # best vs best, throughput
               "encode_bf16_over_fp32": ours_enc["fp32"] / ours_enc["bf16"],
               "mrl_consecutive_over_mrl": mrl_consecutive / med["mrl"]}
+    variants = {f"{v}_over_{ref}": med[v] / med[ref] for v, ref in
+                (("mrl_compiled", "mrl"), ("mrl_cudagraphs", "mrl"), ("mrl_nocudnn", "mrl"), ("bare_bf16_nocudnn", "bare_bf16"),
+                 ("mrl_compiled", "bare_bf16"), ("mrl_cudagraphs", "bare_bf16")) if v in med}
+    variants["encode_bf16_nocudnn_over_fp32"] = ours_enc["fp32"] / med[f"enc_ours_bf16_nocudnn_b{bs}"]
     met = {k: ratios[k] <= goal if op == "<=" else ratios[k] >= goal for k, (op, goal) in GOALS.items()}
+    for k, v in variants.items():
+        print(f"{k:24s} {v:6.3f}  (a variant)")
     for k, v in ratios.items():
         goal = (f"goal {GOALS[k][0]} {GOALS[k][1]}: {'met' if met[k] else 'NOT met'}" if k in GOALS else
                 "> 1: bf16 faster" if k.startswith("encode") else "mrl's steps back to back, as fit runs them")
@@ -259,6 +295,7 @@ def main():
     result = {**{k: round(v, 3) for k, v in ratios.items()},
               "goals_met": met, "goals": {k: f"{op} {goal}" for k, (op, goal) in GOALS.items()},
               "encode_best": {"ours": min(ours_enc, key=ours_enc.get), "st": min(st_enc_t, key=st_enc_t.get)},
+              "variants": {k: round(v, 3) for k, v in variants.items()},
               "amp_off_over_on": {m: round(med[f"{m}_noamp"] / med[m], 3) for m in METHODS},
               "median_ms": {n: round(v * 1e3, 2) for n, v in med.items()},
               "texts_per_s": {n: round(per[n] / v, 1) for n, v in med.items()},

@@ -100,6 +100,7 @@ class TrainConfig:
     diagnostics_every: int = -1               # -1: off; 0: budget mode (<= 5% of training time); N: every N steps
     device: str | None = None                 # default: CUDA when present
     amp: bool = True                          # on CUDA bf16 autocast (fp16 + loss scaling without bf16); CPU: fp32
+    compile: bool = False                     # torch.compile the model (in place): fewer kernel launches a step, a compile per new shape
 
     def __post_init__(self):
         for f in fields(self):                # types first: 1.5 steps or a list for a number are refused, not coerced
@@ -180,7 +181,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
 
 # %% ../nbs/09_config.ipynb #08ac06
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
+                     "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
 def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
     "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."

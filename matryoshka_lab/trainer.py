@@ -264,6 +264,8 @@ class Trainer:
         seed_everything(config.seed + self.dist.rank)   # the model load draws nothing; dropout differs per process
         self.encoder = encoder or load_encoder(config)
         self.encoder.to(device)
+        if config.compile:   # Module.compile, in place: the state dict (checkpoints, exports) keeps its keys
+            self.encoder.model.compile()
         self.data = data or training_data(config)
         if len(self.data) < config.batch_size:       # data passed in; training_data checks its own
             raise ValueError(f"the training data has {len(self.data)} examples, fewer than batch_size {config.batch_size}")

@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT
 from matryoshka_lab.checkpoint import latest_checkpoint
 from matryoshka_lab.config import config_changes, load_config, make_config
-from matryoshka_lab.encoder import ModelNotAvailableError, resolve_model
+from matryoshka_lab.encoder import Encoder, ModelNotAvailableError, resolve_model
 from matryoshka_lab.methods import CancelFit, Callback, TrainData
 from matryoshka_lab.runs import read_run
 from matryoshka_lab.trainer import CheckpointCallback, Trainer
@@ -408,3 +408,21 @@ def test_the_fp16_path_scales_the_loss_and_matches_float32_where_nothing_overflo
     assert fp16.scaler.get_scale() == 2.0 ** 8               # no step skipped: every scaled gradient was finite
     assert got != ref and got == pytest.approx(ref, rel=2e-2)   # fp16 numbers of the same three steps
     assert norm == pytest.approx(ref_norm, rel=5e-2)          # clipped and reported unscaled (x256 if not)
+
+
+def test_a_compiled_model_trains_to_the_eager_losses_and_exports_the_same_keys(tiny_encoder, tmp_path):
+    "compile: true (torch.compile of the model, in place) changes no number beyond float order, nor the state dict's keys."
+    data = TrainData([f"sentence number {i}" for i in range(40)])
+    def run(compiled):
+        cfg = make_config({"run_dir": str(tmp_path / str(compiled)), "max_steps": 2, "batch_size": 4, "dims": [8, 32],
+                           "eval_every": -1, "compile": compiled})
+        torch.manual_seed(0)
+        encoder = tiny_encoder("bert")
+        keys = list(encoder.model.state_dict())
+        trainer = Trainer(cfg, encoder=encoder, data=data, progress=False).fit()
+        assert (encoder.model._compiled_call_impl is not None) == compiled and list(encoder.model.state_dict()) == keys
+        return read_run(cfg.run_dir).metrics.query("name == 'loss'").value.tolist(), trainer
+    (ref, _), (got, compiled) = run(False), run(True)
+    assert len(got) == 2 and got == pytest.approx(ref, rel=1e-5)
+    exported = Encoder.from_pretrained(str(tmp_path / "True" / "model"))
+    assert exported.model.state_dict().keys() == compiled.encoder.model.state_dict().keys()
