@@ -31,12 +31,11 @@ the --warmup rounds first are not counted; figures are medians over --rounds. On
 GPU (torch.cuda.synchronize). Weights are upcast to float32 after loading (bench/device_payload.py saves them in fp16).
 mrl_consecutive: after the rounds, --rounds steps of the mrl trainer back to back, as Trainer.fit runs them (each next
 batch tokenised in the background while one trains; in the rounds that work overlaps the other setups' steps).
-Variants, on CUDA only (inductor's compile takes minutes on a CPU), each an mrl trainer as above on its own copy of the
-model (the other setups stay eager): mrl_compiled (TrainConfig.compile: torch.compile of the model, default mode) and
-mrl_cudagraphs (mode reduce-overhead: CUDA graphs); compiles and graph captures happen in the warm-up rounds or, for a
-new sequence length, in the round that meets it (the median absorbs those). On any device: mrl_nocudnn, bare_bf16_nocudnn and
-enc_ours_bf16_nocudnn_bS: the same setups with cuDNN's attention kernels off (torch.backends.cuda.enable_cudnn_sdp), so
-SDPA picks flash or memory-efficient attention.
+--variants (CUDA only: inductor's compile takes minutes on a CPU) adds two mrl trainers as above, each on its own copy
+of the model (the other setups stay eager): mrl_compiled (TrainConfig.compile: torch.compile of the model, default mode)
+and mrl_cudagraphs (mode reduce-overhead: CUDA graphs). Their compiles and graph captures happen in the warm-up rounds or,
+for a new sequence length, in the round that meets it (the median absorbs those; the compiler's worker processes slow
+the other setups too, so compare the goals from a run without --variants).
 compute_dtype: what the first Linear layer of the model computed in, seen in the first warm-up round (amp's dtype).
 The last line is one JSON object: the ratios and whether each goal is met, the medians, the device and versions; --out
 also writes it with what made it. X_over_Y is X's time over Y's (st_over_mrl: sentence-transformers' best of fp32 and
@@ -101,18 +100,6 @@ def bare_step(model, opt, batches, device, dtype=None, matmul="highest"):
     return step
 
 
-def without_cudnn_attention(step):
-    "step with cuDNN's scaled-dot-product attention kernels switched off for its duration."
-    def run(k):
-        before = torch.backends.cuda.cudnn_sdp_enabled()
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        try:
-            return step(k)
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(before)
-    return run
-
-
 def trainer_step(trainer):
     "One step as Trainer.fit runs it (step k of the run draws the trainer's batch k)."
     def step(k):
@@ -162,10 +149,13 @@ def main():
     p.add_argument("--encode-texts", type=int, default=None, help="texts per encode pass (default: all)")
     p.add_argument("--encode-batch-size", type=int, default=256, help="the goals' encode batch size")
     p.add_argument("--encode-other-batch-sizes", type=int, nargs="*", default=[64], help="also timed")
+    p.add_argument("--variants", action="store_true", help="also the compiled and CUDA-graph mrl trainers (CUDA only)")
     p.add_argument("--out", default=None, help="also write the result with its provenance to this JSON file")
     args = p.parse_args()
     if args.batch_size < 2 or args.rounds < 1 or args.warmup < 0:
         p.error("--batch-size must be at least 2, --rounds at least 1, --warmup 0 or more")
+    if args.variants and resolve_device(args.device).type != "cuda":
+        p.error("--variants runs on CUDA only (inductor's compile takes minutes on a CPU)")
     made = provenance("python bench/gpu_step.py " + shlex.join(sys.argv[1:]))    # the code that runs: its commit now
     warnings.filterwarnings("ignore")
     from sentence_transformers import SentenceTransformer
@@ -206,7 +196,7 @@ def main():
     for method in METHODS:
         for amp in (True, False):
             trainers[method if amp else f"{method}_noamp"] = make_trainer(method, enc, amp=amp)
-    if device.type == "cuda":                              # each variant on a copy: the setups above stay eager
+    if args.variants:                                      # each variant on a copy: the setups above stay eager
         trainers["mrl_compiled"] = make_trainer("mrl", copy.deepcopy(enc), compile=True)
         graphed = copy.deepcopy(enc)
         graphed.model.compile(mode="reduce-overhead")
@@ -221,9 +211,7 @@ def main():
     setups["bare_fp32"] = bare_step(enc.model, bare_opt, bare_batches, device)
     setups["bare_tf32"] = bare_step(enc.model, bare_opt, bare_batches, device, matmul="high")
     setups["bare_bf16"] = bare_step(enc.model, bare_opt, bare_batches, device, dtype=torch.bfloat16)
-    setups["bare_bf16_nocudnn"] = without_cudnn_attention(setups["bare_bf16"])
     setups.update({name: trainer_step(t) for name, t in trainers.items()})
-    setups["mrl_nocudnn"] = without_cudnn_attention(trainer_step(make_trainer("mrl", enc)))
     st.train()
     st_loss = st_losses.MatryoshkaLoss(st, st_losses.MultipleNegativesRankingLoss(st), matryoshka_dims=dims[::-1])
     st_opt = torch.optim.AdamW(st.parameters(), lr=0.0)
@@ -233,7 +221,6 @@ def main():
         for prec in PRECISIONS:
             setups[f"enc_ours_{prec}_b{bs}"] = ours_pass(enc, enc_texts, bs, prec)
         setups[f"enc_ours_tf32_b{bs}"] = ours_pass(enc, enc_texts, bs, "fp32", tf32=True)
-        setups[f"enc_ours_bf16_nocudnn_b{bs}"] = without_cudnn_attention(ours_pass(enc, enc_texts, bs, "bf16"))
         for prec, model in (("fp32", st_enc), ("bf16", st_enc_bf16)):
             setups[f"enc_st_{prec}_b{bs}"] = st_pass(model, enc_texts, bs)
 
@@ -281,10 +268,8 @@ def main():
               "encode_ours_over_st": min(st_enc_t.values()) / min(ours_enc.values()),   # best vs best, throughput
               "encode_bf16_over_fp32": ours_enc["fp32"] / ours_enc["bf16"],
               "mrl_consecutive_over_mrl": mrl_consecutive / med["mrl"]}
-    variants = {f"{v}_over_{ref}": med[v] / med[ref] for v, ref in
-                (("mrl_compiled", "mrl"), ("mrl_cudagraphs", "mrl"), ("mrl_nocudnn", "mrl"), ("bare_bf16_nocudnn", "bare_bf16"),
-                 ("mrl_compiled", "bare_bf16"), ("mrl_cudagraphs", "bare_bf16")) if v in med}
-    variants["encode_bf16_nocudnn_over_fp32"] = ours_enc["fp32"] / med[f"enc_ours_bf16_nocudnn_b{bs}"]
+    variants = {f"{v}_over_{ref}": med[v] / med[ref] for v in ("mrl_compiled", "mrl_cudagraphs") if v in med
+                for ref in ("mrl", "bare_bf16")}
     met = {k: ratios[k] <= goal if op == "<=" else ratios[k] >= goal for k, (op, goal) in GOALS.items()}
     for k, v in variants.items():
         print(f"{k:24s} {v:6.3f}  (a variant)")

@@ -66,18 +66,21 @@ def _fp32_notice() -> None:
 
 @contextlib.contextmanager
 def autocast(precision: str, device: str | torch.device = "cpu"):
-    "The context a forward pass runs in for a resolved precision: none for 'fp32'; else autocast, with TF32 for the float32 matmuls left on CUDA."
+    "The context a forward pass runs in for a resolved precision: none for 'fp32'; else autocast, on CUDA with TF32 for the float32 matmuls left and without cuDNN's attention kernels."
     if precision == "fp32":
         yield
         return
     device_type = torch.device(device).type
-    tf32 = torch.backends.cuda.matmul.allow_tf32
+    tf32, cudnn_attention = torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.matmul.allow_tf32 = tf32 or device_type == "cuda"
+    if device_type == "cuda":   # SDPA then runs flash / memory-efficient attention: faster here (results/bench/gpu_step_variants.json)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     try:
         with torch.autocast(device_type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision]):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
 
 # %% ../nbs/00_core.ipynb #00c008
 def seed_everything(seed: int) -> None:

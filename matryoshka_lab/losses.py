@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from .methods import Method, register
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce', 'cosent', 'angle',
-           'in_batch_negatives', 'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl',
-           'TwoDMSE', 'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
+__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
+           'info_nce_prefixes', 'cosent', 'angle', 'in_batch_negatives', 'angle_objective', 'linear_ce',
+           'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'ese_projection', 'distill', 'ESE',
+           'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
@@ -46,6 +47,17 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0)
     "InfoNCE / MNRL: a_i's positive is b_i, the other b_j are negatives. a, b [B, D] -> scalar."
     logits = cosine_matrix(a, b) * scale
     return F.cross_entropy(logits, torch.arange(len(a), device=a.device))
+
+def info_nce_prefixes(a: torch.Tensor, b: torch.Tensor, dims, target=None, scale: float = 20.0) -> torch.Tensor:
+    "info_nce(a[:, :d], b[:, :d]) for every d in dims at once -> [len(dims)]: one batched product of masked rows over prefix norms (a GPU's few launches; the loop's numbers to float order)."
+    sizes = torch.tensor(dims, device=a.device)
+    norm = lambda x: x.square().cumsum(-1)[:, sizes - 1].sqrt().clamp_min(1e-12).T            # [K, rows]: |x[:d]|
+    masked = a * (torch.arange(a.shape[-1], device=a.device) < sizes[:, None])[:, None, :]     # [K, B, D]: a[:, :d], 0 after
+    logits = (masked @ b.T) / (norm(a)[:, :, None] * norm(b)[:, None, :]) * scale                # [K, B, B'] cosines x scale
+    labels = torch.arange(len(a), device=a.device).repeat(len(dims))
+    return F.cross_entropy(logits.flatten(0, 1), labels, reduction="none").view(len(dims), len(a)).mean(1)
+
+info_nce.prefixes = info_nce_prefixes   # MRL's batched form (MRL.prefix_terms off the CPU)
 
 # %% ../nbs/07_losses.ipynb #06c010
 def _rank_loss(pred: torch.Tensor, score: torch.Tensor, scale: float) -> torch.Tensor:
@@ -142,10 +154,14 @@ class MRL:
             pick = torch.randperm(len(idx) - 1, generator=generator)[: self.n_dims_per_step - 1].tolist()
             idx = sorted(pick) + [len(idx) - 1]
         weights = self.weights or (1.0,) * len(self.dims)
+        batched = getattr(self.objective, "prefixes", None)     # every prefix in one computation: fewer launches on a GPU
+        if batched is not None and a.device.type != "cpu":    # (the CPU keeps the loop that trained every committed run)
+            values = dict(zip(idx, batched(a, b, [self.dims[k] for k in idx], target).unbind()))
+        else:
+            values = {k: self.objective(a[..., :self.dims[k]], b[..., :self.dims[k]], target) for k in idx}
         total, parts = 0.0, {}
-        for k in idx:
+        for k, value in values.items():
             d = self.dims[k]
-            value = self.objective(a[..., :d], b[..., :d], target)
             total = total + weights[k] * value
             parts[f"{tag}d{d}/{getattr(self.objective, '__name__', 'loss')}"] = value.detach()
         if self.reduction == "mean":

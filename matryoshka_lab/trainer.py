@@ -76,6 +76,8 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
     def objective(a, b, target=None):
         return base(a, b, target, scale=scale)
     objective.__name__ = cfg.objective
+    if hasattr(base, "prefixes"):   # its batched form over prefix sizes (losses.info_nce_prefixes), at the same scale
+        objective.prefixes = lambda a, b, dims, target=None: base.prefixes(a, b, dims, target, scale=scale)
     method = get_method(cfg.method)
     ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)
     return method.build(ctx, method.check_options(cfg.loss_options))
