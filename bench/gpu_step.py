@@ -27,6 +27,8 @@ see the same texts in the same round. Setups, at batch B (--batch-size) and max 
         one pass over --encode-texts texts (default: all of them) at batch S: Encoder.encode(layers=[-1], precision P)
         for P in fp32, bf16, auto, and tf32 (fp32 with TF32 matmuls); SentenceTransformer.encode in fp32, and on a bf16 copy of its model.
 Every round times one step (one pass, for encode) of each setup in turn, the order rotating (the machine's speed drifts);
+an encode setup's timed pass follows an untimed one of its own, as a user encoding in one precision meets it (a pass
+right after another setup's can pay for the switch: bf16 and auto, the same code, have differed 1.7x that way);
 the --warmup rounds first are not counted; figures are medians over --rounds. On CUDA every clock read waits for the
 GPU (torch.cuda.synchronize). Weights are upcast to float32 after loading (bench/device_payload.py saves them in fp16).
 mrl_consecutive: after the rounds, --rounds steps of the mrl trainer back to back, as Trainer.fit runs them (each next
@@ -234,6 +236,8 @@ def main():
     for r in range(n_rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             seen.clear()
+            if name.startswith("enc_"):
+                setups[name](r)                            # untimed: the switch from the setup before is paid here
             t0 = clock(device)
             setups[name](r)
             t = clock(device) - t0
