@@ -1,11 +1,15 @@
 """Where a training step and an encode pass spend their time on a GPU: torch.profiler's operator tables.
 
-    python bench/gpu_profile.py [--model embedded] [--data-dir DIR] > results/bench/gpu_profile.txt
+    python bench/gpu_profile.py [--model embedded] [--data-dir DIR] [--device cuda] [--batch-size 256] [--max-length 128]
+                                > results/bench/gpu_profile.txt
 
-An MRL trainer (SimCSE, batch 256 x 128 tokens, the STS-B test sentences) takes 5 warm-up steps, then 10 timed back to
-back, then 2 profiled; then one Encoder.encode pass over the same sentences is profiled in fp32 and in bf16 (after one
-unprofiled pass each). Each profile prints its self CPU and self CUDA time and its 14 costliest operators by self CPU
-time: a step whose CPU time exceeds its GPU time is bound by the host issuing kernels. Runs on CUDA only.
+The bare model's bf16 step (forward on the 2 x 256 token rows our SimCSE step passes, mean of the last hidden state,
+backward, AdamW: bench/gpu_step.py's bare_bf16), then a base and an MRL trainer (SimCSE, batch 256 x 128 tokens, the
+STS-B test sentences), each taking 5 warm-up steps, then 10 timed back to back, then 2 profiled; then one
+Encoder.encode pass over the same sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each
+profile prints its self CPU and self CUDA time and its 14 costliest operators by self CPU time: a step whose CPU time
+exceeds its GPU time is bound by the host issuing kernels, and the three step profiles side by side show what the
+trainer adds to the bare step, and MRL to base. Meant for CUDA; --device cpu with a small batch checks that it runs.
 """
 import argparse
 import tempfile
@@ -30,38 +34,61 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="embedded")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--max-length", type=int, default=128)
     args = p.parse_args()
-    e = Encoder.from_pretrained(args.model, device="cuda")
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    B, L = args.batch_size, args.max_length
+    e = Encoder.from_pretrained(args.model, device=device)
     e.model.float()                                   # a folder saved in fp16 (bench/device_payload.py): fp32 weights
     task = load_task("stsb", args.data_dir)
     texts = list(dict.fromkeys(task.test.sentence1 + task.test.sentence2))
-    with tempfile.TemporaryDirectory() as d:
-        cfg = make_config({"model": args.model, "objective": "simcse", "batch_size": 256, "max_length": 128,
-                           "max_steps": 1000, "eval_every": -1, "diagnostics_every": -1, "run_dir": d,
-                           "dims": [16, 32, 64, 128, 256, 384]})
-        t = Trainer(cfg, encoder=e, data=TrainData(texts), progress=False, drop=(Callback,))
-        e.train()
-        for s in range(1, 6):
-            t.step = s
-            t.train_step()
-        torch.cuda.synchronize()
+    def timed_and_profiled(step, title):
+        for k in range(5):
+            step(k)
+        sync()
         t0 = time.perf_counter()
-        for s in range(6, 16):
-            t.step = s
-            t.train_step()
-        torch.cuda.synchronize()
-        print(f"mrl step, 10 back to back: {(time.perf_counter() - t0) * 100:.1f} ms")
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for s in range(16, 18):
-                t.step = s
+        for k in range(5, 15):
+            step(k)
+        sync()
+        print(f"{title}, 10 back to back: {(time.perf_counter() - t0) * 100:.1f} ms a step")
+        with profile(activities=activities) as prof:
+            for k in range(15, 17):
+                step(k)
+            sync()
+        show(prof, f"2 {title} steps")
+
+    with tempfile.TemporaryDirectory() as d:
+        trainers = {}
+        for method in ("base", "mrl"):
+            cfg = make_config({"model": args.model, "objective": "simcse", "batch_size": B, "max_length": L, "device": str(device),
+                               "max_steps": 1000, "eval_every": -1, "diagnostics_every": -1, "run_dir": d,
+                               "method": method, "dims": [16, 32, 64, 128, 256, 384]})
+            trainers[method] = Trainer(cfg, encoder=e, data=TrainData(texts), progress=False, drop=(Callback,))
+        e.train()
+        rows = [[texts[i] for i in trainers["mrl"].batch_indices(k)] for k in range(17)]
+        batches = [{key: torch.cat([v, v]) for key, v in e.tokenize(r, L).items()} for r in rows]
+        opt = torch.optim.AdamW(e.model.parameters(), lr=0.0)
+        def bare(k):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = e.model(**batches[k]).last_hidden_state.float().mean()
+            loss.backward()
+            opt.step()
+        timed_and_profiled(bare, "bare bf16")
+        for method, t in trainers.items():
+            def step(k, t=t):
+                t.step = k + 1
                 t.train_step()
-            torch.cuda.synchronize()
-        show(prof, "2 mrl steps")
+            timed_and_profiled(step, method)
     e.eval()
     for precision in ("fp32", "bf16"):
-        e.encode(texts, precision=precision, progress=False, layers=[-1], batch_size=256)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            e.encode(texts, precision=precision, progress=False, layers=[-1], batch_size=256)
+        e.encode(texts, precision=precision, progress=False, layers=[-1], batch_size=B)
+        with profile(activities=activities) as prof:
+            e.encode(texts, precision=precision, progress=False, layers=[-1], batch_size=B)
         show(prof, f"encode {precision}, {len(texts)} texts")
 
 
