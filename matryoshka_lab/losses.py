@@ -155,7 +155,7 @@ class MRL:
             idx = sorted(pick) + [len(idx) - 1]
         weights = self.weights or (1.0,) * len(self.dims)
         batched = getattr(self.objective, "prefixes", None)     # every prefix in one computation: fewer launches on a GPU
-        if batched is not None and a.device.type != "cpu":    # (the CPU keeps the loop that trained every committed run)
+        if batched is not None and a.dim() == 2 and a.device.type != "cpu":   # (the CPU keeps the loop of every committed run)
             values = dict(zip(idx, batched(a, b, [self.dims[k] for k in idx], target).unbind()))
         else:
             values = {k: self.objective(a[..., :self.dims[k]], b[..., :self.dims[k]], target) for k in idx}
