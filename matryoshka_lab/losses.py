@@ -155,13 +155,12 @@ class MRL:
             idx = sorted(pick) + [len(idx) - 1]
         weights = self.weights or (1.0,) * len(self.dims)
         batched = getattr(self.objective, "prefixes", None)     # every prefix in one computation: fewer launches on a GPU
-        if batched is not None and a.dim() == 2 and a.device.type != "cpu":   # (the CPU keeps the loop of every committed run)
-            values = dict(zip(idx, batched(a, b, [self.dims[k] for k in idx], target).unbind()))
-        else:
-            values = {k: self.objective(a[..., :self.dims[k]], b[..., :self.dims[k]], target) for k in idx}
+        values = (batched(a, b, [self.dims[k] for k in idx], target).unbind()    # (the CPU keeps the loop of every
+                  if batched is not None and a.dim() == 2 and a.device.type != "cpu" else None)   # committed run, in its order)
         total, parts = 0.0, {}
-        for k, value in values.items():
+        for i, k in enumerate(idx):
             d = self.dims[k]
+            value = values[i] if values is not None else self.objective(a[..., :d], b[..., :d], target)
             total = total + weights[k] * value
             parts[f"{tag}d{d}/{getattr(self.objective, '__name__', 'loss')}"] = value.detach()
         if self.reduction == "mean":
