@@ -3,7 +3,7 @@
     python bench/gpu_profile.py [--model embedded] [--data-dir DIR] [--device cuda] [--batch-size 256] [--max-length 128]
                                 > results/bench/gpu_profile.txt
 
-The bare model's bf16 step (forward on the 2 x 256 token rows our SimCSE step passes, mean of the last hidden state,
+The bare model's bf16 step (forward on the 2 x B token rows our SimCSE step passes, mean of the last hidden state,
 backward, AdamW: bench/gpu_step.py's bare_bf16), then a base and an MRL trainer (SimCSE, batch 256 x 128 tokens, the
 STS-B test sentences), each taking 5 warm-up steps, then 10 timed back to back, then 2 profiled; then one
 Encoder.encode pass over the same sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each
@@ -23,6 +23,8 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.methods import Callback, TrainData
 from matryoshka_lab.trainer import Trainer
+
+from gpu_step import bare_step                     # bench/ is the script's folder: the same bare step
 
 
 def show(prof, title):
@@ -72,13 +74,7 @@ def main():
         rows = [[texts[i] for i in trainers["mrl"].batch_indices(k)] for k in range(17)]
         batches = [{key: torch.cat([v, v]) for key, v in e.tokenize(r, L).items()} for r in rows]
         opt = torch.optim.AdamW(e.model.parameters(), lr=0.0)
-        def bare(k):
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = e.model(**batches[k]).last_hidden_state.float().mean()
-            loss.backward()
-            opt.step()
-        timed_and_profiled(bare, "bare bf16")
+        timed_and_profiled(bare_step(e.model, opt, batches, device, dtype=torch.bfloat16), "bare bf16")
         for method, t in trainers.items():
             def step(k, t=t):
                 t.step = k + 1
