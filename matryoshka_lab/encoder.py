@@ -353,11 +353,11 @@ class Encoder(_BatchedEncoding, nn.Module):
         "Tokenised batch of `texts` ([B, T] tensors) on `device` (default the encoder's), with only the inputs the model accepts."
         if isinstance(texts, str):
             raise ValueError("texts must be a list of strings, not one string")
-        with _TOKENIZER_LOCK:
+        with _TOKENIZER_LOCK:   # numpy out, then shared with torch: return_tensors="pt" took 1.7x as long (8 of 20 ms at 256 x 128)
             batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length or self.max_length,
-                                   return_tensors="pt")
+                                   return_tensors="np")
         device = self.device if device is None else torch.device(device)
-        return {k: v.to(device) for k, v in batch.items() if k in self._accepted}
+        return {k: torch.from_numpy(v).to(device) for k, v in batch.items() if k in self._accepted}
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers=None, tokens: bool = False,
                 attentions: bool = False, pooling: str | None = None, **inputs) -> EncoderOutput:

@@ -387,6 +387,19 @@ def test_a_step_tokenises_each_text_once_and_reads_the_device_once(pairs, tiny_e
     assert all(isinstance(v, torch.Tensor) for k, v in values.items() if k.startswith("L"))
 
 
+def test_batches_are_the_epochs_permutation_in_any_order_of_asking(tiny_encoder, tmp_path):
+    "Micro-batch k is slice k mod (n // B) of epoch k // (n // B)'s permutation from seed + epoch, asked in order or not."
+    data = TrainData([f"sentence number {i}" for i in range(23)])
+    cfg = make_config({"run_dir": str(tmp_path), "max_steps": 3, "batch_size": 4, "dims": [8, 32], "eval_every": -1,
+                       "seed": 3})
+    trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, progress=False, drop=(Callback,))
+    for micro in (0, 1, 7, 5, 6, 12, 2, 11, 16, 0):          # 5 per epoch: epochs 0, 1, 2, 3 and back
+        epoch, pos = divmod(micro, 5)
+        order = torch.randperm(23, generator=torch.Generator().manual_seed(3 + epoch)).tolist()
+        assert trainer.batch_indices(micro) == order[4 * pos:4 * pos + 4]
+    assert len({i for m in range(5) for i in trainer.batch_indices(m)}) == 20    # an epoch draws no row twice
+
+
 def test_the_fp16_path_scales_the_loss_and_matches_float32_where_nothing_overflows(tiny_encoder, tmp_path):
     "A GPU without bf16 trains under fp16 autocast with a GradScaler: run here on the CPU's fp16 autocast."
     data = TrainData([f"sentence number {i}" for i in range(40)])
