@@ -1,15 +1,16 @@
 """Where a training step and an encode pass spend their time on a GPU: torch.profiler's operator tables.
 
     python bench/gpu_profile.py [--model embedded] [--data-dir DIR] [--device cuda] [--batch-size 256] [--max-length 128]
-                                > results/bench/gpu_profile.txt
+                                [--texts N] > results/bench/gpu_profile.txt
 
 The bare model's bf16 step (forward on the 2 x B token rows our SimCSE step passes, mean of the last hidden state,
 backward, AdamW: bench/gpu_step.py's bare_bf16), then a base and an MRL trainer (SimCSE, batch 256 x 128 tokens, the
-STS-B test sentences), each taking 5 warm-up steps, then 10 timed back to back, then 2 profiled; then one
-Encoder.encode pass over the same sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each
-profile prints its self CPU and self CUDA time and its 14 costliest operators by self CPU time: a step whose CPU time
-exceeds its GPU time is bound by the host issuing kernels, and the three step profiles side by side show what the
-trainer adds to the bare step, and MRL to base. Meant for CUDA; --device cpu with a small batch checks that it runs.
+STS-B test sentences) and an MRL trainer whose batches were all made (tokenised, pinned) before its first step, each
+taking 5 warm-up steps, then 10 timed back to back, then 2 profiled; then one Encoder.encode pass over the same
+sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self
+CUDA time and its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the
+host issuing kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and
+making the next batch in the background to MRL. Meant for CUDA; --device cpu with a small batch checks that it runs.
 """
 import argparse
 import tempfile
@@ -39,6 +40,7 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--texts", type=int, default=None, help="sentences used (default: all; a CPU check needs few)")
     args = p.parse_args()
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
@@ -47,7 +49,7 @@ def main():
     e = Encoder.from_pretrained(args.model, device=device)
     e.model.float()                                   # a folder saved in fp16 (bench/device_payload.py): fp32 weights
     task = load_task("stsb", args.data_dir)
-    texts = list(dict.fromkeys(task.test.sentence1 + task.test.sentence2))
+    texts = list(dict.fromkeys(task.test.sentence1 + task.test.sentence2))[:args.texts]
     def timed_and_profiled(step, title):
         for k in range(5):
             step(k)
@@ -65,11 +67,13 @@ def main():
 
     with tempfile.TemporaryDirectory() as d:
         trainers = {}
-        for method in ("base", "mrl"):
+        for name, method in (("base", "base"), ("mrl", "mrl"), ("mrl pretokenised", "mrl")):
             cfg = make_config({"model": args.model, "objective": "simcse", "batch_size": B, "max_length": L, "device": str(device),
                                "max_steps": 1000, "eval_every": -1, "diagnostics_every": -1, "run_dir": d,
                                "method": method, "dims": [16, 32, 64, 128, 256, 384]})
-            trainers[method] = Trainer(cfg, encoder=e, data=TrainData(texts), progress=False, drop=(Callback,))
+            trainers[name] = Trainer(cfg, encoder=e, data=TrainData(texts), progress=False, drop=(Callback,))
+        made = [trainers["mrl pretokenised"].prepare(k) for k in range(17)]    # every batch before its steps
+        trainers["mrl pretokenised"].micro_batch = made.__getitem__
         e.train()
         rows = [[texts[i] for i in trainers["mrl"].batch_indices(k)] for k in range(17)]
         batches = [{key: torch.cat([v, v]) for key, v in e.tokenize(r, L).items()} for r in rows]
