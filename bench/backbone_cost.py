@@ -27,7 +27,7 @@ import torch
 from matryoshka_lab.core import DATA_ENV, provenance, resolve_data_dir
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
-from matryoshka_lab.runs import read_run
+from matryoshka_lab.runs import read_run, write_json
 from matryoshka_lab.studies.baselines import EVAL_TASKS, baseline_config
 from matryoshka_lab.trainer import Trainer
 
@@ -108,8 +108,7 @@ def main():
     settings.update(batch_size=shared.batch_size, max_length=shared.max_length)
     record = {"settings": settings, "result": result, "times": {"step_s": steps, "encode_texts_per_s": rates}}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({**made, **record}, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, **record})
     print(json.dumps(record))
 
 

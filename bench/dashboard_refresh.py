@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from matryoshka_lab import workbench  # noqa: E402
 from matryoshka_lab.core import provenance  # noqa: E402
 from matryoshka_lab.dashboard import MetricsTail  # noqa: E402
-from matryoshka_lab.runs import RunLog, parse_metrics  # noqa: E402
+from matryoshka_lab.runs import RunLog, parse_metrics, write_json  # noqa: E402
 from test_dashboards import BIG_NAMES, chromium_page, free_port, serve, shown, write_big_log  # noqa: E402
 
 
@@ -237,9 +237,7 @@ def main():
             summary["soak"] = s
     print(json.dumps(summary))
     if args.out:
-        record = {**made, "machine": f"{os.cpu_count()} CPU cores", "result": summary}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "machine": f"{os.cpu_count()} CPU cores", "result": summary})
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -39,6 +38,7 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab import encoder as encoder_module
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.eval import evaluate
+from matryoshka_lab.runs import write_json
 
 DIMS = "16,32,64,128,256,384"
 
@@ -229,9 +229,7 @@ def main():
     print("alternatives, throughput / the default's: " + ", ".join(f"{k} {v}x" for k, v in result["alternatives_over_default"].items()))
     print(json.dumps(result))
     if args.out:
-        record = {**made, "result": result}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "result": result})
 
 
 if __name__ == "__main__":

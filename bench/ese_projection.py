@@ -22,7 +22,6 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -30,6 +29,7 @@ from matryoshka_lab.core import provenance, resolve_device
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.losses import ese_projection
+from matryoshka_lab.runs import write_json
 
 
 def clock(device):
@@ -113,7 +113,7 @@ def main():
     print(json.dumps(result))
     if args.out:
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        Path(args.out).write_text(json.dumps({**made, "machine": machine, "result": result}, indent=1) + "\n")
+        write_json(args.out, {**made, "machine": machine, "result": result})
 
 
 if __name__ == "__main__":

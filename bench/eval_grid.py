@@ -19,7 +19,6 @@ import json
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -27,6 +26,7 @@ from matryoshka_lab.core import autocast, provenance, resolve_precision
 from matryoshka_lab.data import STSData, Task, load_task, task_spec
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import evaluate, prefix_normalize, score_task, spearman_columns, task_texts
+from matryoshka_lab.runs import write_json
 
 STS = ["stsb", "sickr", "sts12", "sts13", "sts14", "sts15", "sts16"]
 DIMS = [16, 32, 64, 128, 256, 384]
@@ -163,8 +163,7 @@ def main():
     print(f"plain forward throughput: {result['forward_sentences_per_s']} sentences/s")
     print(json.dumps(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({**made, "result": result}, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "result": result})
 
 
 if __name__ == "__main__":

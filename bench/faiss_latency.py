@@ -17,12 +17,12 @@ import json
 import os
 import shlex
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from matryoshka_lab.core import provenance
 from matryoshka_lab.routing import faiss_latency, latency_table
+from matryoshka_lab.runs import write_json
 
 
 def main():
@@ -73,8 +73,7 @@ def main():
         record = {**made, "machine": f"{os.cpu_count()} CPU cores", "vectors": args.vectors or "Gaussian",
                   "settings": {**df.attrs, "n_flat": args.n_flat, "n_hnsw": args.n_hnsw, "seed": args.seed},
                   "rows": json.loads(df.round(4).to_json(orient="records"))}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, record)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from matryoshka_lab.core import DATA_ENV, provenance, resolve_data_dir
 from matryoshka_lab.fractal_runner import PROTOCOLS, fractal_data, run_fractal
+from matryoshka_lab.runs import write_json
 
 FULL_HEADS, FULL_TRAIN = 10, 8_500      # the comparison: CLINC, 5 seeds x (V5, MRL), 8,500 training rows each
 
@@ -80,8 +80,7 @@ def main():
               "epochs": args.epochs, "rounds": args.rounds}
     print(json.dumps(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({**made, "result": result}, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "result": result})
 
 
 if __name__ == "__main__":

@@ -20,14 +20,12 @@ import json
 import os
 import shlex
 import sys
-from pathlib import Path
-
-import numpy as np
 
 from matryoshka_lab.core import provenance, resolve_data_dir
 from matryoshka_lab.data import load_task
 from matryoshka_lab.deploy import best_funnel, encode_latency, funnel_curve, search_latency
 from matryoshka_lab.encoder import Encoder, encode_cached
+from matryoshka_lab.runs import write_json
 
 GOAL_SPEEDUP, GOAL_RATIO = 10.0, 0.99
 
@@ -86,8 +84,7 @@ def main():
         record = {**made, "machine": f"{os.cpu_count()} CPU cores", "model": args.model, "settings": curve.attrs,
                   "summary": result, "curve": json.loads(curve.round(4).to_json(orient="records")),
                   "latency": {"encode": encode.round(2).to_dict(orient="list"), "search": search.round(2).to_dict(orient="list")}}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, record)
     print(json.dumps(result))
 
 

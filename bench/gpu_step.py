@@ -57,7 +57,6 @@ import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
@@ -66,6 +65,7 @@ from matryoshka_lab.core import provenance, resolve_device
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.methods import Callback, TrainData
+from matryoshka_lab.runs import write_json
 from matryoshka_lab.trainer import Trainer
 
 TASKS = ("stsb", "sickr")                       # their test sentences (bench/device_payload.py carries these tasks)
@@ -305,8 +305,7 @@ def main():
               "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({**made, "result": result}, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "result": result})
 
 
 if __name__ == "__main__":

@@ -26,13 +26,13 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
 
 from matryoshka_lab.core import provenance
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
+from matryoshka_lab.runs import write_json
 
 LOOP_OPS = 2000   # iterations of three tiny ops: about the host time of a step on this machine
 
@@ -120,8 +120,7 @@ def main():
         print(f"{k:22s} {result[k]}")
     print(json.dumps(result))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({**made, "result": result}, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "result": result})
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import sys
 import time
 import warnings
 from datetime import date
-from pathlib import Path
 
 import torch
 
@@ -40,6 +39,7 @@ from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.methods import get_method
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
+from matryoshka_lab.runs import write_json
 from matryoshka_lab.studies.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
 from matryoshka_lab.trainer import method_views
@@ -152,8 +152,7 @@ def main():
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPU cores"
         record = {"command": "python bench/step_time.py " + shlex.join(sys.argv[1:]), "commit": git_commit(),
                   "date": date.today().isoformat(), "machine": machine, "result": result}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, record)
 
 
 if __name__ == "__main__":

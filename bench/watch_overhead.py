@@ -34,7 +34,7 @@ import torch
 from matryoshka_lab.core import provenance, resolve_data_dir
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import resolve_model
-from matryoshka_lab.runs import read_run
+from matryoshka_lab.runs import read_run, write_json
 from matryoshka_lab.watch import RunDirectoryCallback
 
 
@@ -106,9 +106,7 @@ def main():
               "median_s": {k: round(v, 3) for k, v in med.items()},
               "diag_share": round(statistics.median(shares), 4), "diag_measurements": counts}
     if args.out:
-        record = {**made, "machine": f"{os.cpu_count()} CPU cores", "settings": vars(args), "times_s": times, **result}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, {**made, "machine": f"{os.cpu_count()} CPU cores", "settings": vars(args), "times_s": times, **result})
     print(json.dumps(result))
 
 

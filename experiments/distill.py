@@ -24,6 +24,7 @@ from pathlib import Path
 
 from matryoshka_lab.core import provenance
 from matryoshka_lab.data import TASKS
+from matryoshka_lab.runs import write_json
 from matryoshka_lab.studies.baselines import task_metric
 from matryoshka_lab.studies.distill import (DISTILL_ARMS, arm_config, distill_compare, distill_summary, distill_transfer,
                                             teacher_nc1, transfer_frame)
@@ -57,8 +58,7 @@ def main():
               "teacher_nc1": teacher, "rows": json.loads(rows.round(6).to_json(orient="records"))}
     if transfer is not None:
         record["transfer"] = json.loads(transfer.round(6).to_json(orient="records"))
-    Path(args.result).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.result).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(args.result, record)
     for metric, decimals in (("knn_acc_intent", 1), ("knn_acc_domain", 1), ("nc1", 3)):
         print(distill_summary(rows, metric, decimals).to_string(), "\n")
     for task in args.transfer:                                    # the papers' metric of each task

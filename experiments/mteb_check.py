@@ -10,7 +10,6 @@ difference and the largest |difference| over the STS tasks (reads the datasets f
 --data-dir).
 """
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from matryoshka_lab.core import provenance
 from matryoshka_lab.encoder import Encoder, model_fingerprint
 from matryoshka_lab.eval import MTEB_PUBLISHED, evaluate
+from matryoshka_lab.runs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,7 @@ def main():
     for r in rows:
         print(f"{r['task']:10s} {r['metric']:9s} ours {r['ours']:6.2f}  MTEB {r['published']:6.2f}  diff {r['diff']:+.2f}")
     print(f"largest |ours - MTEB| over the STS tasks: {record['sts_max_abs_diff']}; {time.perf_counter() - t0:.0f} s")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(out, record)
     print(f"wrote {out}")
 
 

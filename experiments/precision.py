@@ -10,7 +10,6 @@
 Writes one JSON file with what made it (reads the datasets from $MATRYOSHKA_LAB_DATA or --data-dir).
 """
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from matryoshka_lab.cli import DEMO_TASKS
 from matryoshka_lab.core import provenance
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import MTEB_ALL_MINILM_L6_V2, evaluate
+from matryoshka_lab.runs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,8 +58,7 @@ def main():
     for row in demo:
         print(f"demo grid {row['task']} {row['metric']}: largest |bf16 - fp32| {row['max_abs_diff']} at {row['at']} "
               f"over {row['cells']} cells")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(args.out, record)
     print(f"wrote {args.out}")
 
 

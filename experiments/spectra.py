@@ -17,6 +17,7 @@ from matryoshka_lab.core import provenance
 from matryoshka_lab.data import load_task
 from matryoshka_lab.diagnostics import dim_variance
 from matryoshka_lab.encoder import Encoder
+from matryoshka_lab.runs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,7 @@ def main():
         print(f"{method}: total variance {sum(v):.4f}; first 16 dims {sum(v[:16]) / sum(v):.1%} of it")
     record = {**made, "task": args.task, "sentences": len(texts), "layer": "last", "pooling": "the model's (mean)",
               "seed": args.seed, "models": models}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(args.out, record)
     print(f"wrote {args.out}")
 
 

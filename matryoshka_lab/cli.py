@@ -64,6 +64,7 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import MTEB_PUBLISHED, evaluate
     from matryoshka_lab.plots import save_heatmaps
+    from matryoshka_lab.runs import write_json
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)   # a bad output folder fails now, not after the evaluation
     tasks, where = demo_tasks(data_dir)
@@ -79,7 +80,7 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     meta = {**provenance(command), "model": model, "precision": resolve_precision(precision, enc.device), "tasks": tasks,
             "data": "a data directory" if tasks == DEMO_TASKS else where,
             "n_texts": df.attrs["n_texts"]}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    write_json(out / "meta.json", meta)
     _print_tables(df)
     if model in MTEB_PUBLISHED:
         _print_reference(df, model)

@@ -23,8 +23,8 @@ except ImportError:               # pragma: no cover - Windows
     fcntl = None
 
 # %% auto #0
-__all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'parse_record', 'array_dir', 'array_file', 'array_steps', 'RunLog', 'RunInUse',
-           'RunLock', 'run_holder', 'parse_metrics', 'Run', 'read_run']
+__all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'parse_record', 'array_dir', 'array_file', 'array_steps', 'write_atomic', 'write_json',
+           'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'parse_metrics', 'Run', 'read_run']
 
 # %% ../nbs/06_runs.ipynb #07c005b
 def parse_record(line: bytes | str) -> tuple | None:
@@ -53,6 +53,24 @@ def array_steps(folder: str | Path) -> list[int]:
     steps = [n[5:-4] for n in names if n.startswith("step_") and n.endswith(".npy")]
     return sorted(int(s) for s in steps if s.isdigit())
 
+# %% ../nbs/06_runs.ipynb #07c005w
+def write_atomic(path: str | Path, text: str) -> Path:
+    "Write text to path (UTF-8) through a temporary file beside it and a rename; on failure (a full disk, an interrupt) the old file stays and no temporary is left."
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+def write_json(path: str | Path, record: dict) -> Path:
+    "Write a result file: `record` as indented JSON with a final newline, its folder made, whole or not at all (write_atomic)."
+    text = json.dumps(record, indent=1) + "\n"         # a record that cannot be written fails before the file is touched
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, text)
+
 # %% ../nbs/06_runs.ipynb #07c006
 METRIC_COLUMNS = ["step", "time", "split", "name", "value"]
 
@@ -64,7 +82,7 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time() if start_time is None else start_time
         if config is not None:
-            _write_atomic(self.dir / "config.json", json.dumps(config, indent=1, sort_keys=True, default=str))
+            write_atomic(self.dir / "config.json", json.dumps(config, indent=1, sort_keys=True, default=str))
         if keep_until is not None:
             self._truncate(keep_until)
         self._file = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
@@ -78,7 +96,7 @@ class RunLog:
             return
         lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
         keep = [line + "\n" for line in lines if (rec := parse_record(line)) is not None and rec[0] <= step]
-        _write_atomic(path, "".join(keep))   # (a half-written line of the attempt that died parses as None)
+        write_atomic(path, "".join(keep))   # (a half-written line of the attempt that died parses as None)
 
     def log(self, step: int, name: str, value: float, split: str = "train") -> None:
         "Append one record and flush it (NaN and inf are written as null, never as invalid JSON)."
@@ -109,15 +127,6 @@ def _ends_with_newline(path: Path) -> bool:
     with open(path, "rb") as f:
         f.seek(-1, os.SEEK_END)
         return f.read(1) == b"\n"
-
-def _write_atomic(path: Path, text: str) -> None:
-    "Write text to path through a temporary file and a rename; on failure (a full disk) nothing is left half-written."
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 # %% ../nbs/06_runs.ipynb #07c006b
 LOCK_NAME = ".lock"

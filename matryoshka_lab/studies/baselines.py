@@ -19,6 +19,7 @@ from ..data import task_spec
 from ..encoder import Encoder
 from ..eval import evaluate
 from ..gradients import gradient_share
+from ..runs import write_atomic, write_json
 from ..trainer import Trainer, load_encoder
 
 # %% auto #0
@@ -178,7 +179,7 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
         place = {run: i for i, run in reversed(list(enumerate(zip(old.method, old.seed.astype(int)))))}
         merged = merged.iloc[np.argsort([place.get((m, int(s)), len(old)) for m, s in zip(merged.method, merged.seed)],
                                         kind="stable")].reset_index(drop=True)
-    merged.to_csv(folder / "summary.csv", index=False)
+    write_atomic(folder / "summary.csv", merged.to_csv(index=False))
     meta["config"] = {k: v for k, v in baseline_config("mrl", 0, "RUN_DIR", setting, max_steps=max_steps).to_dict().items()
                       if k not in ("method", "loss_options", "seed", "run_dir")}
     for m, seed in sorted(runs):
@@ -191,7 +192,7 @@ def save_results(summary: pd.DataFrame, folder: str | Path, setting: str, comman
     for m in dict.fromkeys(merged.method):
         meta["methods"][m] = {"variant": VARIANTS[m], "max_steps": meta["methods"].get(m, {}).get("max_steps", max_steps),
                               "seeds": sorted({int(s) for s in merged[merged.method == m].seed})}
-    (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    write_json(folder / "meta.json", meta)
     return folder
 
 def read_results(folder: str | Path) -> tuple[pd.DataFrame, dict]:

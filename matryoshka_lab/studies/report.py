@@ -18,6 +18,7 @@ from .. import stats
 from ..budget import RETRIEVAL_PRECISIONS, advise, budget_cells, bytes_per_vector, pareto
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
+from ..runs import write_json
 from .baselines import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
 from .distill import DISTILL_ARMS, distill_summary, distill_tests, transfer_frame
 from .fractal_paper import PAPER_POOLED, PAPER_ROUTING, PAPER_S, PAPER_T3, PAPER_T5_FIT, PAPER_TABLE9
@@ -951,5 +952,5 @@ def write_figures(results="results", out=None) -> list[Path]:
     out = Path(out) if out is not None else Path(results) / "figures"
     out.mkdir(parents=True, exist_ok=True)
     written = [_png(make(results, **kwargs), out / f"{name}.png") for name, (make, kwargs) in FIGURES.items()]
-    (out / "meta.json").write_text(json.dumps({"matplotlib": matplotlib.__version__, "figures": sorted(FIGURES)}, indent=1) + "\n")
+    write_json(out / "meta.json", {"matplotlib": matplotlib.__version__, "figures": sorted(FIGURES)})
     return written
