@@ -33,6 +33,7 @@ import pandas as pd
 from matryoshka_lab.studies.baselines import (BASELINES, EVERY_METHOD, MIPIC_SETTING_METHODS, MIPIC_SWEEP, SETTINGS, STS_TEST,
                                         VARIANTS, delta_table, run_baselines, save_results, seed_stats, stats_table,
                                         task_share)
+from matryoshka_lab.runs import write_atomic
 
 DEFAULT_METHODS = {"mipic": MIPIC_SETTING_METHODS, "cold": MIPIC_SWEEP, "angle": EVERY_METHOD,
                    "angle_mpnet": ("untrained", "mrl", "2dmse", "mic")}   # the second backbone: the findings that test most per hour
@@ -47,7 +48,7 @@ def measure_shares(methods, setting: str, seeds, folder: Path) -> pd.DataFrame:
         old = pd.read_csv(path)
         rows = pd.concat([old[~old.variant.isin(set(rows.variant))], rows], ignore_index=True)
     folder.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(path, index=False, float_format="%.6g")
+    write_atomic(path, rows.to_csv(index=False, float_format="%.6g"))
     return rows
 
 

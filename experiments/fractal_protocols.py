@@ -21,6 +21,7 @@ from pathlib import Path
 from matryoshka_lab.data import load_task
 from matryoshka_lab.fractal_runner import (CLINC_SUPER_DOMAINS, add_parent_level, encode_levels, fractal_data,
                                            hierarchy_bits, run_fractal, synthetic_sweep)
+from matryoshka_lab.runs import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "fractal"
@@ -46,8 +47,7 @@ DIFFERENCES = {
 def save(path: Path, res: dict, seconds: float, command: str) -> None:
     "Write a result with the wall time and the command that made it; print each condition's S (headline, then every evaluation)."
     res = {**res, "seconds": round(seconds, 1), "command": command}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=1, allow_nan=False))
+    write_json(path, res, allow_nan=False)
     s = res["summary"]
     print(f"{path.stem}: " + "  ".join(f"{c} S {v['S_mean']:+.3f} " + "/".join(f"{x:+.3f}" for x in v["S_mean_by_eval"].values())
                                   for c, v in s.items()) + f"  ({seconds:.0f} s)", flush=True)
@@ -55,8 +55,7 @@ def save(path: Path, res: dict, seconds: float, command: str) -> None:
 
 def save_rows(path: Path, rows: list, seconds: float, command: str, **info) -> None:
     "Write a sweep (one row per run) with the wall time and the command that made it."
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**info, "rows": rows, "seconds": round(seconds, 1), "command": command}, indent=1, allow_nan=False))
+    write_json(path, {**info, "rows": rows, "seconds": round(seconds, 1), "command": command}, allow_nan=False)
     print(f"{path.stem}: {len(rows)} runs ({seconds:.0f} s)", flush=True)
 
 
@@ -126,7 +125,7 @@ def add_hierarchy(folder: Path, train_y, levels, command: str) -> None:
         res = json.loads(path.read_text())
         if "summary" in res and "hierarchy" not in res and res["levels"] == list(levels):
             res["hierarchy"] = {**hierarchy_bits(train_y), "command": command}
-            path.write_text(json.dumps(res, indent=1, allow_nan=False))
+            write_json(path, res, allow_nan=False)
             print(f"{path.relative_to(ROOT)}: H(L1|L0) = {res['hierarchy']['H_L1_given_L0']:.2f} bits")
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import evaluate, parse_precisions
+from matryoshka_lab.runs import write_atomic
 from matryoshka_lab.studies.baselines import STS_TEST, baseline_config, read_results, run_one, save_results
 from matryoshka_lab.trainer import load_encoder
 
@@ -77,7 +78,7 @@ def main():
         new = pd.DataFrame(checks)
         if old is not None:
             old = old[[(m, s) not in {(c["method"], c["seed"]) for c in checks} for m, s in zip(old.method, old.seed)]]
-        pd.concat([old, new], ignore_index=True).to_csv(results / "reproduction.csv", index=False)
+        write_atomic(results / "reproduction.csv", pd.concat([old, new], ignore_index=True).to_csv(index=False))
         last = rows[(rows.metric == "ndcg_at_10")].groupby("dim").value.mean()
         print(f"  nDCG@10 float32, mean over {len(args.tasks)} tasks by dim: {last.round(2).to_dict()}", flush=True)
 

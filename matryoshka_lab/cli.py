@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -64,7 +63,7 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import MTEB_PUBLISHED, evaluate
     from matryoshka_lab.plots import save_heatmaps
-    from matryoshka_lab.runs import write_json
+    from matryoshka_lab.runs import write_atomic, write_json
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)   # a bad output folder fails now, not after the evaluation
     tasks, where = demo_tasks(data_dir)
@@ -73,7 +72,7 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     enc = Encoder.from_pretrained(model, precision=precision)
     df = evaluate(enc, tasks, layers="all", dims="16,32,64,128,256,384" if enc.hidden_size == 384 else "all",
                   data_dir=data_dir, batch_size=batch_size, progress=progress)
-    df.to_csv(out / "grid.csv", index=False)
+    write_atomic(out / "grid.csv", df.to_csv(index=False))
     files = save_heatmaps(df, out / "grid")
     command = " ".join(["matryoshka-lab demo", *([f"--model {model}"] if model != "embedded" else []),
                         *([f"--precision {precision}"] if precision else []), f"--out {out_dir}"])
@@ -185,8 +184,8 @@ def check_out_file(path: str | Path, option: str = "--out") -> Path:
     return out
 
 def _fractal(args) -> None:
-    import json
     from matryoshka_lab.fractal_runner import run_fractal
+    from matryoshka_lab.runs import write_json
     out = Path(args.out)
     if out.suffix.lower() != ".json":
         raise ValueError(f"--out must be a .json file, got {args.out!r}")
@@ -197,8 +196,7 @@ def _fractal(args) -> None:
     given = {k: getattr(args, k) for k in ("max_train", "max_test", "val_frac", "split_seed") if getattr(args, k) is not None}
     res = run_fractal(args.model, args.data_dir, args.dataset, seeds=args.seeds, conditions=conditions, protocol=args.protocol,
                       epochs=args.epochs, progress=not args.no_progress, workers=args.workers, **given)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, allow_nan=False))
+    write_json(out, res, allow_nan=False)
     _print_fractal(res)
     print(f"\nWrote {out}")
 
@@ -234,15 +232,13 @@ def _eval(args) -> None:
 def _evaluate_to(args, out: Path) -> None:
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
+    from matryoshka_lab.runs import write_atomic
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     df = evaluate(enc, tasks, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".json":
-        df.to_json(out, orient="records", indent=1)
-    else:
-        df.to_csv(out, index=False)
+    write_atomic(out, df.to_json(orient="records", indent=1) if out.suffix.lower() == ".json" else df.to_csv(index=False))
     _print_tables(df)
     if args.plot:
         from matryoshka_lab.plots import save_heatmaps

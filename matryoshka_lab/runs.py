@@ -65,9 +65,9 @@ def write_atomic(path: str | Path, text: str) -> Path:
         tmp.unlink(missing_ok=True)
     return path
 
-def write_json(path: str | Path, record: dict) -> Path:
-    "Write a result file: `record` as indented JSON with a final newline, its folder made, whole or not at all (write_atomic)."
-    text = json.dumps(record, indent=1) + "\n"         # a record that cannot be written fails before the file is touched
+def write_json(path: str | Path, record: dict, allow_nan: bool = True) -> Path:
+    "Write a result file: `record` as indented JSON with a final newline, its folder made, whole or not at all (write_atomic); `allow_nan=False` refuses NaN and inf (strict JSON)."
+    text = json.dumps(record, indent=1, allow_nan=allow_nan) + "\n"         # a record that cannot be written fails before the file is touched
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, text)
 

@@ -31,7 +31,7 @@ from .distributed import Dist, init_distributed
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import get_objective, read_floats
 from .methods import Callback, CancelFit, LossContext, TrainData, get_method
-from .runs import RunInUse, RunLock, RunLog, read_run, run_holder
+from .runs import RunInUse, RunLock, RunLog, read_run, run_holder, write_atomic
 
 # %% auto #0
 __all__ = ['objective_data', 'training_data', 'load_encoder', 'make_loss', 'method_view', 'method_views', 'batch_target',
@@ -158,7 +158,7 @@ class EvalCallback(Callback):
                       dims=cfg.eval_dims or list(cfg.dims), data_dir=cfg.data_dir, progress=shown)
         for r in df.itertuples():
             trainer.log.log(trainer.step, f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}", r.value, split="eval")
-        df.to_csv(Path(cfg.run_dir) / "grid.csv", index=False)
+        write_atomic(Path(cfg.run_dir) / "grid.csv", df.to_csv(index=False))
         trainer.encoder.train()
     def after_step(self, trainer):
         if self.every > 0 and trainer.step % self.every == 0 and trainer.step < trainer.config.max_steps:
