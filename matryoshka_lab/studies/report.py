@@ -27,15 +27,15 @@ from .fractal_paper import capacity_table, fmt, table5
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'RETRIEVAL_ROWS', 'ENCODE_GOALS',
            'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES',
-           'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'share_table', 'step_time_table',
-           'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table', 'budget_table', 'funnel_figure',
-           'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table',
-           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_transfer_table', 'distill_tests_table',
-           'backbone_cost_table', 'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
-           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
-           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
-           'routing_table', 'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure',
-           'spectra_figure', 'write_figures']
+           'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'backbones_table', 'share_table',
+           'step_time_table', 'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table',
+           'budget_table', 'funnel_figure', 'budget_figure', 'demo_table', 'encode_table', 'mteb_table',
+           'mteb_check_table', 'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table',
+           'distill_transfer_table', 'distill_tests_table', 'backbone_cost_table', 'watch_table', 'dashboard_table',
+           'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
+           'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
+           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables',
+           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -144,6 +144,23 @@ def vs_mrl_table(results="results", setting: str = "angle", cells="L6d384,L6d16,
     rows = {LABELS.get(m, m): {name: paired.loc[(m, layer), dim] for name, layer, dim in cells}
             for m in chosen}
     return md_table(pd.DataFrame(rows).T.rename_axis("method - MRL"))
+
+def backbones_table(results="results", settings="angle,angle_mpnet", methods="2dmse,mic", small: int = 16,
+                    tasks: str = "sts") -> str:
+    "Each method minus MRL at the last layer and at half depth, at full width and at the `small` prefix, one row per (method, setting): vs_mrl's comparison on backbones of different depth and width, side by side."
+    rows = {}
+    for m in [x.strip() for x in methods.split(",")]:
+        for setting in [s.strip() for s in settings.split(",")]:
+            summary, meta = _baselines(results, setting)
+            _methods([m, "mrl"], list(dict.fromkeys(summary.method)))
+            last, full = int(summary.layer.max()), int(summary.dim.max())
+            paired = paired_table(summary, [m], tasks=_tasks(tasks, summary), layers=[last, last // 2],
+                                  dims=[full, small], decimals=1)
+            rows[f"{LABELS.get(m, m)}, {meta['config']['model']} ({setting})"] = {
+                "layers, width": f"L{last}, L{last // 2}; d{full}",
+                "last layer, full width": paired.loc[(m, last), full], f"last layer, d{small}": paired.loc[(m, last), small],
+                "half depth, full width": paired.loc[(m, last // 2), full], f"half depth, d{small}": paired.loc[(m, last // 2), small]}
+    return md_table(pd.DataFrame(rows).T.rename_axis("method - MRL, backbone"))
 
 SHARE_VARIANTS = ("2dmse", "2dmse_similarity", "ese", "mipic", "mipic_detached_teacher", "mic")
 
@@ -800,7 +817,8 @@ def routing_table(results="results", dataset: str = "clinc150", alpha: float = 0
     return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, {len(res['seeds'])} seeds, coarse share {alpha:g}, evaluation"))
 
 # %% ../../nbs/studies/06_report.ipynb #21c016
-TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "task_share": share_table, "step_time": step_time_table,
+TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_table, "task_share": share_table,
+          "step_time": step_time_table,
           "fractal": fractal_table, "fractal_toggles": fractal_toggles_table,
           "fractal_datasets": fractal_datasets_table, "fractal_pooled": fractal_pooled_table,
           "fractal_tests": fractal_tests_table, "fractal_runs": fractal_runs_table,
