@@ -1,5 +1,6 @@
 """The notebooks are the source: each runs top to bottom (nbdev_test), exporting them changes nothing, and the results
 notebooks' committed outputs are what they print."""
+import base64
 import filecmp
 import json
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, shared_data_dir
@@ -60,3 +62,15 @@ def test_results_notebooks_outputs_reproduce():
                          capture_output=True, text=True, timeout=1800)
     print(res.stdout)
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+
+
+def test_outputs_compare_up_to_float_noise():
+    "The --check's comparison lets a number move by its last printed digit or RTOL, and nothing more."
+    sys.path.insert(0, str(ROOT / "experiments"))
+    from notebooks import same_outputs
+    plotly = lambda *v: {"y": {"bdata": base64.b64encode(np.array(v, "f8").tobytes()).decode(), "dtype": "f8"}}
+    assert same_outputs([{"text": "loss 203.676, acc 0.110"}], [{"text": "loss 203.677, acc 0.111"}])
+    assert not same_outputs([{"text": "loss 203.676"}], [{"text": "loss 203.776"}])
+    assert not same_outputs([{"text": "loss 203.676"}], [{"text": "loss 203.676 nan"}])
+    assert same_outputs(plotly(76.443154, 83.6), plotly(76.439097, 83.6))
+    assert not same_outputs(plotly(76.443154, 83.6), plotly(76.3, 83.6))
