@@ -379,6 +379,8 @@ def test_a_step_tokenises_each_text_once_and_reads_the_device_once(pairs, tiny_e
     for step in (1, 2, 3):
         trainer.step = step
         values = trainer.train_step()
+    for ahead in trainer._ahead.values():   # the next batch is tokenised in the background: wait for it, or the count races
+        ahead.result()
     per_batch = 2 if pairs else 1
     assert len(calls) == per_batch * 4                       # three steps and the next one ahead
     first = [texts[i] for i in trainer.batch_indices(0)]
