@@ -5,12 +5,13 @@
 
 The bare model's bf16 step (forward on the 2 x B token rows our SimCSE step passes, mean of the last hidden state,
 backward, AdamW: bench/gpu_step.py's bare_bf16), then a base and an MRL trainer (SimCSE, batch 256 x 128 tokens, the
-STS-B test sentences) and an MRL trainer whose batches were all made (tokenised, pinned) before its first step, each
-taking 5 warm-up steps, then 10 timed back to back, then 2 profiled; then one Encoder.encode pass over the same
-sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self
-CUDA time and its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the
-host issuing kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and
-making the next batch in the background to MRL. Meant for CUDA; --device cpu with a small batch checks that it runs.
+STS-B test sentences; their next batch made in a worker process on CUDA), an MRL trainer making it in a thread
+(batch_workers 0), and one whose batches were all made (tokenised, pinned) before its first step, each taking 5
+warm-up steps, then 10 timed back to back, then 2 profiled; then one Encoder.encode pass over the same sentences is
+profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self CUDA time and
+its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the host issuing
+kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and making the
+next batch in a process or a thread to MRL. Meant for CUDA; --device cpu with a small batch checks that it runs.
 """
 import argparse
 import tempfile
@@ -23,7 +24,7 @@ from matryoshka_lab.config import make_config
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.methods import Callback, TrainData
-from matryoshka_lab.trainer import Trainer
+from matryoshka_lab.trainer import Trainer, pin_batch
 
 from gpu_step import bare_step                     # bench/ is the script's folder: the same bare step
 
@@ -67,13 +68,15 @@ def main():
 
     with tempfile.TemporaryDirectory() as d:
         trainers = {}
-        for name, method in (("base", "base"), ("mrl", "mrl"), ("mrl pretokenised", "mrl")):
+        for name, method, workers in (("base", "base", None), ("mrl", "mrl", None), ("mrl thread", "mrl", 0),
+                                      ("mrl pretokenised", "mrl", None)):
             cfg = make_config({"model": args.model, "objective": "simcse", "batch_size": B, "max_length": L, "device": str(device),
                                "max_steps": 1000, "eval_every": -1, "diagnostics_every": -1, "run_dir": d,
-                               "method": method, "dims": [16, 32, 64, 128, 256, 384]})
+                               "method": method, "dims": [16, 32, 64, 128, 256, 384], "batch_workers": workers})
             trainers[name] = Trainer(cfg, encoder=e, data=TrainData(texts), progress=False, drop=(Callback,))
-        made = [trainers["mrl pretokenised"].prepare(k) for k in range(17)]    # every batch before its steps
-        trainers["mrl pretokenised"].micro_batch = made.__getitem__
+        pin = pin_batch if device.type == "cuda" else lambda batch: batch
+        made = [pin(trainers["mrl pretokenised"].prepare(k)) for k in range(17)]    # every batch before its steps
+        trainers["mrl pretokenised"].batches = made.__getitem__
         e.train()
         rows = [[texts[i] for i in trainers["mrl"].batch_indices(k)] for k in range(17)]
         batches = [{key: torch.cat([v, v]) for key, v in e.tokenize(r, L).items()} for r in rows]

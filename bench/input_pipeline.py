@@ -3,9 +3,10 @@
     python bench/input_pipeline.py [--data-dir DIR] [--model embedded] [--batch-size 256] [--max-length 128]
                                    [--rounds 15] [--rows 1000000] [--out results/bench/input_pipeline.json]
 
-The trainer makes micro-batch k + 1 in a background thread (Trainer.micro_batch) while step k launches its work. On a
-GPU a step is mostly the host launching kernels, one Python thread: whatever the batch thread does while holding the
-interpreter lock (GIL) delays it. Batches of --batch-size distinct STS-B and SICK-R test sentences, truncated at
+The trainer makes micro-batch k + 1 (Trainer.batches, a BatchesAhead) while step k launches its work: in a background
+thread, or in a worker process (batch_workers; the default on CUDA). On a GPU a step is mostly the host launching
+kernels, one Python thread: whatever a batch thread does while holding the interpreter lock (GIL) delays it; a worker
+process holds no lock of the step's, but takes a core. Batches of --batch-size distinct STS-B and SICK-R test sentences, truncated at
 --max-length, interleaved round by round (the machine's speed drifts), medians of --rounds:
   tokenise_ours   Encoder.tokenize(texts, L, device="cpu"): the tokenizer's numpy arrays shared with torch
   tokenise_pt     the tokenizer called with return_tensors="pt" (what Encoder.tokenize did before)
@@ -13,9 +14,13 @@ interpreter lock (GIL) delays it. Batches of --batch-size distinct STS-B and SIC
                   dispatch, not arithmetic)
   launch_beside_ours, launch_beside_pt
                   the same loop while the other thread tokenises one batch the named way (started just before)
+  launch_beside_worker
+                  the same loop right after a BatchesAhead(workers=1) handed over batch k and asked its forked
+                  process for batch k + 1 (the next batch of the list, tokenised ours way on one thread), waited for
+                  after the loop
   permutation     torch.randperm(--rows) from a seeded generator: what each micro-batch drew before
                   Trainer.batch_indices kept its epoch's permutation
-Printed: each median, tokenise_pt_over_ours (> 1: ours faster), and each tokeniser's cost to the loop beside it
+Printed: each median, tokenise_pt_over_ours (> 1: ours faster), and each way's cost to the loop beside it
 (launch_beside_X minus launch_alone, ms). Both tokenisers give the same tensors (checked on every batch). The last line
 is one JSON object; --out also writes it with what made it.
 """
@@ -33,6 +38,7 @@ from matryoshka_lab.core import provenance
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.runs import write_json
+from matryoshka_lab.trainer import BatchesAhead
 
 LOOP_OPS = 2000   # iterations of three tiny ops: about the host time of a step on this machine
 
@@ -90,9 +96,21 @@ def main():
         worker.join()
         return t
 
+    worker = BatchesAhead(lambda k: (None, *[ours(batches[k % n_batches])] * 2), workers=1)
+    asked = iter(range(10 ** 9))
+
+    def beside_worker(batch):
+        "The launch loop's time while the worker process makes the next batch."
+        k = next(asked)
+        worker(k)                                 # hands over batch k, asks for k + 1
+        t = timed(lambda: launch_loop(x))
+        worker.ahead[k + 1].result()
+        return t
+
     setups = {"tokenise_ours": lambda b: timed(lambda: ours(b)), "tokenise_pt": lambda b: timed(lambda: pt(b)),
               "launch_alone": lambda b: timed(lambda: launch_loop(x)),
               "launch_beside_ours": lambda b: beside(ours, b), "launch_beside_pt": lambda b: beside(pt, b),
+              "launch_beside_worker": beside_worker,
               "permutation": lambda b: timed(lambda: torch.randperm(args.rows,
                                                                     generator=torch.Generator().manual_seed(0)))}
     for b in batches[:2]:                         # warm-up, and the same tensors both ways
@@ -100,6 +118,7 @@ def main():
         if a.keys() != c.keys() or not all(torch.equal(a[k], c[k]) for k in a):
             sys.exit("Encoder.tokenize and return_tensors='pt' differ")
         launch_loop(x)
+        beside_worker(b)                          # the first forks the worker
     names = list(setups)
     times = {n: [] for n in names}
     for r in range(args.rounds):
@@ -113,10 +132,12 @@ def main():
     result = {"tokenise_pt_over_ours": round(med["tokenise_pt"] / med["tokenise_ours"], 3),
               "loop_cost_of_ours_ms": round(med["launch_beside_ours"] - med["launch_alone"], 2),
               "loop_cost_of_pt_ms": round(med["launch_beside_pt"] - med["launch_alone"], 2),
+              "loop_cost_of_worker_ms": round(med["launch_beside_worker"] - med["launch_alone"], 2),
               "median_ms": {n: round(v, 2) for n, v in med.items()},
               "batch_size": args.batch_size, "max_length": L, "rounds": args.rounds, "rows": args.rows,
               "loop_ops": LOOP_OPS, "torch": torch.__version__}
-    for k in ("tokenise_pt_over_ours", "loop_cost_of_ours_ms", "loop_cost_of_pt_ms"):
+    worker.close()
+    for k in ("tokenise_pt_over_ours", "loop_cost_of_ours_ms", "loop_cost_of_pt_ms", "loop_cost_of_worker_ms"):
         print(f"{k:22s} {result[k]}")
     print(json.dumps(result))
     if args.out:

@@ -101,6 +101,7 @@ class TrainConfig:
     device: str | None = None                 # default: CUDA when present
     amp: bool = True                          # on CUDA bf16 autocast (fp16 + loss scaling without bf16); CPU: fp32
     compile: bool = False                     # torch.compile the model (in place): fewer kernel launches a step, a compile per new shape
+    batch_workers: int | None = None          # processes making the next micro-batches (no interpreter lock shared with the step); 0: a thread; default: 1 on CUDA, 0 on the CPU
 
     def __post_init__(self):
         for f in fields(self):                # types first: 1.5 steps or a list for a number are refused, not coerced
@@ -130,6 +131,8 @@ class TrainConfig:
                   (self.keep_checkpoints >= 0, f"keep_checkpoints must be 0 (all) or more, got {self.keep_checkpoints}"),
                   (self.eval_every >= -1, f"eval_every must be -1 (never), 0 (at the end) or more, got {self.eval_every}"),
                   (len(self.eval_tasks) >= 1 or self.eval_every == -1, "eval_tasks is empty: name a task, or eval_every=-1"),
+                  (self.batch_workers is None or self.batch_workers >= 0,
+                   f"batch_workers must be 0 (a background thread) or more processes, got {self.batch_workers}"),
                   (self.diagnostics_every >= -1, "diagnostics_every must be -1 (off), 0 (budget mode) or a positive "
                                                  f"number of steps, got {self.diagnostics_every}")]
         for ok, message in checks:
@@ -181,7 +184,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
 
 # %% ../nbs/09_config.ipynb #08ac06
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
+                     "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
 def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
     "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."

@@ -8,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import warnings
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +39,7 @@ from .runs import RunInUse, RunLock, RunLog, read_run, run_holder, write_atomic
 # %% auto #0
 __all__ = ['objective_data', 'training_data', 'load_encoder', 'make_loss', 'method_view', 'method_views', 'batch_target',
            'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes', 'add_callbacks',
-           'make_optimizer', 'Trainer', 'check_run_dir', 'Launched', 'launch']
+           'pin_batch', 'BatchesAhead', 'make_optimizer', 'Trainer', 'check_run_dir', 'Launched', 'launch']
 
 # %% ../nbs/12_trainer.ipynb #08c011
 def objective_data(cfg: TrainConfig) -> TrainData:
@@ -233,6 +236,83 @@ def add_callbacks(defaults: list, callbacks=(), drop=()) -> list:
     kept = [c for c in defaults if not isinstance(c, drop) and type(c) not in given]
     return sorted(kept + list(callbacks), key=lambda c: c.order)
 
+# %% ../nbs/12_trainer.ipynb #61c1a78e
+def _sides(batch: tuple, convert) -> tuple:
+    "A host batch (rows, side_a, side_b) with `convert` applied to each side's token tensors; side_b stays side_a when it is."
+    rows, side_a, side_b = batch
+    a = {k: convert(v) for k, v in side_a.items()}
+    return rows, a, a if side_b is side_a else {k: convert(v) for k, v in side_b.items()}
+
+def pin_batch(batch: tuple) -> tuple:
+    "A host batch with its token tensors in pinned memory: copied to a GPU without blocking."
+    return _sides(batch, torch.Tensor.pin_memory)
+
+_worker_make = None            # a worker process's batch maker: inherited when BatchesAhead forks it
+
+def _start_worker(make) -> None:
+    global _worker_make
+    _worker_make = make
+    torch.set_num_threads(1)      # as DataLoader's workers: the intra-op pool the parent used does not survive a fork
+
+def _make_in_worker(micro: int) -> tuple:
+    "Micro-batch `micro`, made in a worker process; its tokens travel back as numpy arrays (plain bytes)."
+    return _sides(_worker_make(micro), torch.Tensor.numpy)
+
+def _fork_workers(workers: int, make) -> ProcessPoolExecutor:
+    "`workers` processes forked now, each holding `make`, tokenising on one thread."
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"     # read by the children at the fork: no warning, no dead thread pool
+    try:
+        with warnings.catch_warnings():                 # Python 3.12+ warns that forking a threaded process may deadlock
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                       initializer=_start_worker, initargs=(make,))
+            pool.submit(int).result()                   # the first task forks every worker, under this environment
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM")
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+    return pool
+
+class BatchesAhead:
+    "`make(micro)` for micro-batches asked in order, the next ones made while one trains: in a thread (workers=0) or in `workers` forked processes; pinned when `pin`."
+    def __init__(self, make, workers: int = 0, pin: bool = False):
+        self.make, self.workers, self.pin = make, workers, pin
+        self.ahead, self._pool = {}, None           # micro -> its future; the thread or processes, started when first asked
+
+    def __call__(self, micro: int) -> tuple:
+        "Micro-batch `micro` (made now when it was not asked ahead); asks for the max(1, workers) after it."
+        if self._pool is None:
+            self._pool = _fork_workers(self.workers, self.make) if self.workers else \
+                ThreadPoolExecutor(1, thread_name_prefix="matryoshka-batches")
+        ahead = self.ahead.pop(micro, None)
+        batch = self._made(micro) if ahead is None else self._result(micro, ahead)
+        self.ahead = {m: self.ahead.get(m) or self._pool.submit(_make_in_worker if self.workers else self._made, m)
+                      for m in range(micro + 1, micro + 1 + max(1, self.workers))}
+        return batch
+
+    def _made(self, micro: int) -> tuple:
+        batch = self.make(micro)
+        return pin_batch(batch) if self.pin else batch
+
+    def _result(self, micro: int, ahead) -> tuple:
+        if not self.workers:
+            return ahead.result()
+        try:
+            batch = _sides(ahead.result(), torch.from_numpy)
+        except BrokenProcessPool as err:
+            self.close()
+            raise RuntimeError(f"the process making micro-batch {micro} died (out of memory, or killed); "
+                               "batch_workers: 0 makes batches in a thread instead") from err
+        return pin_batch(batch) if self.pin else batch
+
+    def close(self) -> None:
+        "Stop the thread or processes (a batch asked later starts them again)."
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self.ahead, self._pool = {}, None
+
 # %% ../nbs/12_trainer.ipynb #08c020
 def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module | None = None):
     "AdamW (a loss's own parameters at cfg.loss_lr; no decay on those flagged no_weight_decay; fused on a GPU) and its warm-up schedule."
@@ -283,7 +363,8 @@ class Trainer:
         # a GPU trains under bf16 autocast, or fp16 with a loss scaler where it lacks bf16; the CPU in float32
         self.precision = resolve_precision("auto" if config.amp else "fp32", device) if device.type == "cuda" else "fp32"
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
-        self._ahead, self._pool = {}, ThreadPoolExecutor(1, thread_name_prefix="matryoshka-batches")
+        workers = config.batch_workers if config.batch_workers is not None else int(device.type == "cuda")
+        self.batches = BatchesAhead(self.prepare, workers, pin=device.type == "cuda")   # micro-batch k: self.batches(k)
         self._order = None                        # (epoch, its permutation): batch_indices
         self.callbacks = add_callbacks(default_callbacks(config, eval_tasks), callbacks, drop)
         self.step, self.out, self.log, self.bar = 0, None, None, None
@@ -303,22 +384,12 @@ class Trainer:
         return drawn[1][pos * cfg.batch_size:(pos + 1) * cfg.batch_size].tolist()
 
     def prepare(self, micro: int) -> tuple:
-        "Micro-batch number `micro` on the host: its target rows and this process's tokens of each side (tokenised once when both sides are the same texts, SimCSE's two views), pinned for a GPU."
+        "Micro-batch number `micro` on the host: its target rows and this process's tokens of each side (tokenised once when both sides are the same texts, SimCSE's two views)."
         idx = self.batch_indices(micro)                                       # the global micro-batch
         a, b = self.data.texts(self.dist.shard(idx))
         side_a = self.encoder.tokenize(a, self.config.max_length, device="cpu")
         side_b = side_a if b is a or self.method.single_view else self.encoder.tokenize(b, self.config.max_length, device="cpu")
-        if self.encoder.device.type == "cuda":                                # pinned: copied without blocking
-            pinned = {k: v.pin_memory() for k, v in side_a.items()}
-            side_a, side_b = pinned, pinned if side_b is side_a else {k: v.pin_memory() for k, v in side_b.items()}
         return self.data.rows(idx), side_a, side_b
-
-    def micro_batch(self, micro: int) -> tuple:
-        "prepare(micro), made in a background thread while the micro-batch before it trained; starts on micro + 1."
-        ahead = self._ahead.pop(micro, None)
-        batch = ahead.result() if ahead is not None else self.prepare(micro)
-        self._ahead = {micro + 1: self._pool.submit(self.prepare, micro + 1)}
-        return batch
 
     def train_step(self) -> dict:
         "One optimizer step over cfg.grad_accum micro-batches; the logged values: loss (a float), its parts and grad_norm (device scalars, read_floats), lr."
@@ -326,7 +397,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         parts, total = {}, 0.0
         for m in range(cfg.grad_accum):
-            rows, side_a, side_b = self.micro_batch((self.step - 1) * cfg.grad_accum + m)
+            rows, side_a, side_b = self.batches((self.step - 1) * cfg.grad_accum + m)
             target = batch_target(rows, enc.device)                           # the whole batch's: scores, or a method's arrays
             on_device = {k: v.to(enc.device, non_blocking=True) for k, v in side_a.items()}
             views = (on_device, on_device if side_b is side_a else {k: v.to(enc.device, non_blocking=True) for k, v in side_b.items()})
@@ -381,6 +452,7 @@ class Trainer:
             if main:
                 self.export(run_dir / "model")
         finally:
+            self.batches.close()
             if self.log is not None:
                 self.log.close()
             lock.release()

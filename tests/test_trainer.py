@@ -1,6 +1,7 @@
 """Trainer: CLI runs of every method, crash and resume with identical losses, two processes = one, a diverging loss,
 config mistakes."""
 import json
+import multiprocessing
 import signal
 import subprocess
 import time
@@ -14,7 +15,7 @@ from matryoshka_lab.config import config_changes, load_config, make_config
 from matryoshka_lab.encoder import Encoder, ModelNotAvailableError, resolve_model
 from matryoshka_lab.methods import CancelFit, Callback, TrainData
 from matryoshka_lab.runs import read_run
-from matryoshka_lab.trainer import CheckpointCallback, Trainer
+from matryoshka_lab.trainer import BatchesAhead, CheckpointCallback, Trainer
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -379,7 +380,7 @@ def test_a_step_tokenises_each_text_once_and_reads_the_device_once(pairs, tiny_e
     for step in (1, 2, 3):
         trainer.step = step
         values = trainer.train_step()
-    for ahead in trainer._ahead.values():   # the next batch is tokenised in the background: wait for it, or the count races
+    for ahead in trainer.batches.ahead.values():   # the next batch is tokenised in the background: wait for it, or the count races
         ahead.result()
     per_batch = 2 if pairs else 1
     assert len(calls) == per_batch * 4                       # three steps and the next one ahead
@@ -387,6 +388,42 @@ def test_a_step_tokenises_each_text_once_and_reads_the_device_once(pairs, tiny_e
     assert calls[0] == first and (calls[1] == [t + " again" for t in first] if pairs else True)
     assert isinstance(values["loss"], float) and isinstance(values["grad_norm"], torch.Tensor)
     assert all(isinstance(v, torch.Tensor) for k, v in values.items() if k.startswith("L"))
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["simcse", "pairs"])
+def test_worker_processes_give_the_threads_batches_and_losses(pairs, tiny_encoder, tmp_path):
+    "batch_workers: 2 (forked processes) trains on the same batches as the thread (0), so to the same losses; fit stops them."
+    texts = [f"sentence number {i}" for i in range(40)]
+    data = TrainData(texts, [t + " again" for t in texts] if pairs else None)
+    losses = {}
+    for workers in (0, 2):
+        cfg = make_config({"run_dir": str(tmp_path / str(workers)), "max_steps": 4, "batch_size": 4, "dims": [8, 32],
+                           "eval_every": -1, "objective": "infonce" if pairs else "simcse", "batch_workers": workers})
+        trainer = Trainer(cfg, encoder=tiny_encoder("bert"), data=data, progress=False, drop=(Callback,)).fit()
+        losses[workers] = read_run(tmp_path / str(workers)).metrics.query("name == 'loss'").value.tolist()
+        assert trainer.batches.workers == workers and trainer.batches._pool is None      # closed by fit
+    assert len(losses[0]) == 4 and losses[0] == losses[2]
+    assert not multiprocessing.active_children()
+
+
+def test_a_worker_process_error_reaches_the_step(tmp_path):
+    "An error making a batch in a worker is raised by the call that asks for that batch; a killed worker is named."
+    def make(micro):
+        if micro == 1:
+            raise ValueError("no texts for micro-batch 1")
+        if micro == 3:
+            time.sleep(30)                      # still being made when its worker is killed
+        return None, {"input_ids": torch.zeros(2, 3)}, {"input_ids": torch.ones(2, 3)}
+    batches = BatchesAhead(make, workers=1)
+    batches(0)
+    with pytest.raises(ValueError, match="no texts for micro-batch 1"):
+        batches(1)
+    batches(2)                                  # asks for 3
+    for process in list(batches._pool._processes.values()):
+        process.kill()
+    with pytest.raises(RuntimeError, match="batch_workers: 0"):
+        batches(3)
+    assert batches._pool is None and not multiprocessing.active_children()
 
 
 def test_batches_are_the_epochs_permutation_in_any_order_of_asking(tiny_encoder, tmp_path):
