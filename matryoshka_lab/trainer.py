@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -31,6 +32,7 @@ from .config import TrainConfig, config_changes, load_config, make_config
 from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
 from .data import PairData, STSData, load_task
 from .distributed import Dist, init_distributed
+from . import encoder as encoder_module
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import get_objective, read_floats
 from .methods import Callback, CancelFit, LossContext, TrainData, get_method
@@ -253,6 +255,7 @@ def _start_worker(make) -> None:
     global _worker_make
     _worker_make = make
     torch.set_num_threads(1)      # as DataLoader's workers: the intra-op pool the parent used does not survive a fork
+    encoder_module._TOKENIZER_LOCK = threading.Lock()   # a thread tokenising at the fork held it: never released here
 
 def _make_in_worker(micro: int) -> tuple:
     "Micro-batch `micro`, made in a worker process; its tokens travel back as numpy arrays (plain bytes)."

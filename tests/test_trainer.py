@@ -1,9 +1,11 @@
 """Trainer: CLI runs of every method, crash and resume with identical losses, two processes = one, a diverging loss,
 config mistakes."""
+import concurrent.futures
 import json
 import multiprocessing
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 from conftest import ROOT
 from matryoshka_lab.checkpoint import latest_checkpoint
 from matryoshka_lab.config import config_changes, load_config, make_config
+from matryoshka_lab import encoder as encoder_module
 from matryoshka_lab.encoder import Encoder, ModelNotAvailableError, resolve_model
 from matryoshka_lab.methods import CancelFit, Callback, TrainData
 from matryoshka_lab.runs import read_run
@@ -424,6 +427,27 @@ def test_a_worker_process_error_reaches_the_step(tmp_path):
     with pytest.raises(RuntimeError, match="batch_workers: 0"):
         batches(3)
     assert batches._pool is None and not multiprocessing.active_children()
+
+
+def test_a_worker_forked_while_a_thread_tokenises_still_tokenises(tiny_encoder):
+    "The tokenizer's lock, held by another thread at the fork, is a new lock in the worker (the held copy never opens)."
+    encoder = tiny_encoder("bert")
+    lock = encoder_module._TOKENIZER_LOCK
+    lock.acquire()                                   # as a thread mid-tokenisation would hold it
+    release = threading.Timer(1.0, lock.release)
+    release.start()
+    batches = BatchesAhead(lambda k: (None, *[encoder.tokenize([f"text {k}", "another"], 8, device="cpu")] * 2), workers=1)
+    batches(0)                                       # forks while the lock is held, then waits for it here
+    made = batches.ahead[1]                          # made in the worker
+    finished = concurrent.futures.wait([made], timeout=60).done
+    if not finished:
+        for process in list(batches._pool._processes.values()):
+            process.kill()                           # or the stuck worker outlives the test
+    assert finished, "the worker waits for a lock that another thread held when it forked"
+    rows, a, b = made.result()
+    assert a["input_ids"].shape[0] == 2 and b is a
+    batches.close()
+    release.join()
 
 
 def test_batches_are_the_epochs_permutation_in_any_order_of_asking(tiny_encoder, tmp_path):
