@@ -353,7 +353,7 @@ class Encoder(_BatchedEncoding, nn.Module):
         "Tokenised batch of `texts` ([B, T] tensors) on `device` (default the encoder's), with only the inputs the model accepts."
         if isinstance(texts, str):
             raise ValueError("texts must be a list of strings, not one string")
-        with _TOKENIZER_LOCK:   # numpy out, shared with torch: "pt" took 1.25x as long (bench/input_pipeline.py)
+        with _TOKENIZER_LOCK:   # numpy out, shared with torch: "pt" took 1.1x as long (bench/input_pipeline.py)
             batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_length or self.max_length,
                                    return_tensors="np")
         device = self.device if device is None else torch.device(device)
