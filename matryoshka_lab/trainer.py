@@ -5,6 +5,7 @@
 # %% ../nbs/12_trainer.ipynb #08c003
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import math
@@ -251,11 +252,17 @@ def pin_batch(batch: tuple) -> tuple:
 
 _worker_make = None            # a worker process's batch maker: inherited when BatchesAhead forks it
 
-def _start_worker(make) -> None:
+def _start_worker(make, parent: int) -> None:
     global _worker_make
     _worker_make = make
     torch.set_num_threads(1)      # as DataLoader's workers: the intra-op pool the parent used does not survive a fork
     encoder_module._TOKENIZER_LOCK = threading.Lock()   # a thread tokenising at the fork held it: never released here
+    try:                          # Linux ends this process when its parent dies: a killed trainer leaves no worker waiting
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)       # prctl(PR_SET_PDEATHSIG, SIGKILL)
+    except (OSError, AttributeError):                    # not Linux: the worker ends with the parent's atexit, or lingers
+        pass
+    if os.getppid() != parent:                           # the parent died before that request
+        os._exit(0)
 
 def _make_in_worker(micro: int) -> tuple:
     "Micro-batch `micro`, made in a worker process; its tokens travel back as numpy arrays (plain bytes)."
@@ -269,7 +276,7 @@ def _fork_workers(workers: int, make) -> ProcessPoolExecutor:
         with warnings.catch_warnings():                 # Python 3.12+ warns that forking a threaded process may deadlock
             warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                       initializer=_start_worker, initargs=(make,))
+                                       initializer=_start_worker, initargs=(make, os.getpid()))
             pool.submit(int).result()                   # the first task forks every worker, under this environment
     finally:
         if before is None:

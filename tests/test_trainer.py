@@ -3,10 +3,13 @@ config mistakes."""
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -448,6 +451,38 @@ def test_a_worker_forked_while_a_thread_tokenises_still_tokenises(tiny_encoder):
     assert a["input_ids"].shape[0] == 2 and b is a
     batches.close()
     release.join()
+
+
+def running(pid: int) -> bool:
+    "pid is a live process (not gone, not a zombie its new parent has yet to reap)."
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_killed_trainer_leaves_no_worker_process(tmp_path):
+    "A worker ends with the process that forked it, even one killed with SIGKILL (no atexit runs)."
+    script = tmp_path / "parent.py"
+    script.write_text("import time, torch\n"
+                      "from matryoshka_lab.trainer import BatchesAhead\n"
+                      "batches = BatchesAhead(lambda k: (None, *[{'input_ids': torch.zeros(2, 3)}] * 2), workers=1)\n"
+                      "batches(0)\n"
+                      "print(*batches._pool._processes, flush=True)\n"
+                      "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in parent.stdout.readline().split()]
+    assert workers and all(running(pid) for pid in workers)
+    parent.kill()
+    parent.wait(timeout=30)
+    deadline = time.time() + 30
+    while any(running(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)                 # a failing run leaves no orphan behind either
+    assert not left
 
 
 def test_batches_are_the_epochs_permutation_in_any_order_of_asking(tiny_encoder, tmp_path):
