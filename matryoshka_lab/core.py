@@ -110,14 +110,18 @@ def hub_offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 def hub_reachable(timeout: float = 2.0) -> bool:
-    "True when the Hub is not switched off and huggingface.co answers on port 443 within `timeout` seconds."
+    "False when the Hub is switched off or its host ($HF_ENDPOINT, default huggingface.co) does not answer within `timeout` seconds; True behind a proxy (not probed: the Hub's client goes through it)."
     if hub_offline():
         return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
     import socket
+    from urllib.parse import urlsplit
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+        with socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)), timeout=timeout):
             return True
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 # %% ../nbs/00_core.ipynb #00c013b

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .core import autocast, check_precision, hub_offline, parse_layers, resolve_device, resolve_precision
+from .core import autocast, check_precision, hub_reachable, parse_layers, resolve_device, resolve_precision
 
 # %% auto #0
 __all__ = ['EMBEDDED', 'MPNET', 'MPNET_PARTS', 'MPNET_ZIP_SHA256', 'PACKAGED_MODELS', 'POOLINGS', 'BF16_CPU_ATTENTION',
@@ -174,7 +174,7 @@ def load_hf(name: str | Path = EMBEDDED, attn_implementation: str | None = None,
             tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
             model = AutoModel.from_pretrained(target, local_files_only=True, **kwargs)
         except OSError:
-            if is_local or hub_offline():
+            if is_local or not hub_reachable():   # offline: fail now, not after the Hub client's retries (about 50 s)
                 raise
             tokenizer = AutoTokenizer.from_pretrained(target)
             model = AutoModel.from_pretrained(target, **kwargs)

@@ -1,5 +1,6 @@
 """Encoder: every architecture, checked against independent computations (one text at a time, sentence-transformers)."""
 import inspect
+import socket
 import subprocess
 import sys
 import warnings
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ARCHS, POST_NORM
+from matryoshka_lab.core import hub_reachable
 from matryoshka_lab.encoder import Encoder, ModelNotAvailableError, embedded_model_path, load_hf, pool
 
 TEXTS = ["a tiny sentence", "", "another, somewhat longer sentence about nested dolls and prefixes",
@@ -122,3 +124,21 @@ def test_missing_folder_and_offline_hub_id_fail_clearly(tmp_path):
                              env={**__import__("os").environ, **env})
         assert "ERR model 'some-org/not-cached-model' is not a local folder, not in the Hugging Face cache" in res.stdout, res.stderr[-2000:]
         assert "Use 'embedded'" in res.stdout
+
+
+def test_hub_reachable_probes_the_endpoint(monkeypatch):
+    "The Hub counts as reachable when its endpoint ($HF_ENDPOINT) accepts a connection, or behind a proxy (not probed)."
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub_reachable()
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        assert not hub_reachable()                   # switched off: not even probed
+        monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert not hub_reachable()                       # the port is closed now: refused
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert hub_reachable()
