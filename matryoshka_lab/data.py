@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .core import hub_offline, resolve_data_dir
+from .core import hub_offline, hub_reachable, resolve_data_dir
 
 # %% auto #0
 __all__ = ['KINDS', 'TASKS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences',
@@ -447,14 +447,17 @@ def beir_task(source: str | Path, split: str = "test", name: str | None = None) 
 
 # %% ../nbs/03_data.ipynb #02c020
 def load_hub(path: str, split: str, name: str | None = None) -> pd.DataFrame:
-    "One split of a Hugging Face dataset as a data frame (needs the Hub or its local cache)."
+    "One split of a Hugging Face dataset as a data frame (needs the Hub, or its local cache with HF_HUB_OFFLINE=1)."
+    where = f"{path!r}{f' ({name})' if name else ''} split {split!r}"
+    if not hub_offline() and not hub_reachable():   # fail now, not after the Hub client's retries
+        raise ValueError(f"could not load {where} from the Hugging Face Hub: its host does not answer. Offline, give a "
+                         "data directory instead (--data-dir or $MATRYOSHKA_LAB_DATA).")
     import datasets
     try:
         ds = datasets.load_dataset(path, name, split=split)
     except Exception as err:  # datasets raises several types for offline / unknown ids
-        raise ValueError(f"could not load {path!r}{f' ({name})' if name else ''} split {split!r} from the Hugging Face "
-                         f"Hub: {type(err).__name__}: {err}. Offline, give a data directory instead "
-                         f"(--data-dir or $MATRYOSHKA_LAB_DATA).") from err
+        raise ValueError(f"could not load {where} from the Hugging Face Hub: {type(err).__name__}: {err}. Offline, "
+                         "give a data directory instead (--data-dir or $MATRYOSHKA_LAB_DATA).") from err
     df = ds.to_pandas()
     df.attrs["source"] = f"hub:{path}/{split}"
     return df

@@ -1,5 +1,9 @@
 """Data loaders: every registered task from the shared data, plain files, the Hub path, and bad input."""
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -93,8 +97,19 @@ def test_load_hub_reads_a_local_datasets_folder(tmp_path):
 
 
 def test_load_hub_offline_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ValueError, match="could not load 'mteb/no-such-set' split 'test' from the Hugging Face Hub"):
+    "Switched off (HF_HUB_OFFLINE, read by the Hub's client at import: a fresh process) or unreachable: one clear error."
+    code = "from matryoshka_lab.data import load_hub\nload_hub('mteb/no-such-set', 'test')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert "ValueError: could not load 'mteb/no-such-set' split 'test' from the Hugging Face Hub" in res.stderr, res.stderr[-2000:]
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))                # a port nothing listens on once closed
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(ValueError, match="split 'test' from the Hugging Face Hub: its host does not answer"):
         load_hub("mteb/no-such-set", "test")
 
 
