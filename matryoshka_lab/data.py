@@ -447,7 +447,7 @@ def beir_task(source: str | Path, split: str = "test", name: str | None = None) 
 
 # %% ../nbs/03_data.ipynb #02c020
 def load_hub(path: str, split: str, name: str | None = None) -> pd.DataFrame:
-    "One split of a Hugging Face dataset as a data frame (needs the Hub, or its local cache with HF_HUB_OFFLINE=1)."
+    "One split of a Hugging Face dataset (a local datasets folder, or a Hub id: the Hub, or its cache under HF_HUB_OFFLINE=1) as a data frame."
     where = f"{path!r}{f' ({name})' if name else ''} split {split!r}"
     if not Path(path).exists() and not hub_offline() and not hub_reachable():   # now, not after the Hub client's retries
         raise ValueError(f"could not load {where} from the Hugging Face Hub: its host does not answer. Offline, give a "
