@@ -99,3 +99,11 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     tiny_model("bert").save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def hub_env_cleared(monkeypatch):
+    "No variable that switches the Hub off or routes it through a proxy (tests that probe its host set their own)."
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                 "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)

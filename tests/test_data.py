@@ -96,15 +96,12 @@ def test_load_hub_reads_a_local_datasets_folder(tmp_path):
     assert len(data) == 12 and data.score[3] == 3.0
 
 
-def test_load_hub_offline_error(monkeypatch):
+def test_load_hub_offline_error(monkeypatch, hub_env_cleared):
     "Switched off (HF_HUB_OFFLINE, read by the Hub's client at import: a fresh process) or unreachable: one clear error."
     code = "from matryoshka_lab.data import load_hub\nload_hub('mteb/no-such-set', 'test')"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert "ValueError: could not load 'mteb/no-such-set' split 'test' from the Hugging Face Hub" in res.stderr, res.stderr[-2000:]
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
-                 "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))                # a port nothing listens on once closed
         port = closed.getsockname()[1]

@@ -126,11 +126,8 @@ def test_missing_folder_and_offline_hub_id_fail_clearly(tmp_path):
         assert "Use 'embedded'" in res.stdout
 
 
-def test_hub_reachable_probes_the_endpoint(monkeypatch):
+def test_hub_reachable_probes_the_endpoint(monkeypatch, hub_env_cleared):
     "The Hub counts as reachable when its endpoint ($HF_ENDPOINT) accepts a connection, or behind a proxy (not probed)."
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
-                 "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
