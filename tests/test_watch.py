@@ -72,7 +72,8 @@ def test_killed_run_stays_readable_and_resumes_in_the_same_directory(tmp_path, t
     dead = read_run(run_dir)                                   # the workbench's reader: no error, the complete records
     died_at = int(dead.metrics[dead.metrics.name == "loss"].step.max())
     assert died_at >= 6 and "grid.csv" in os.listdir(run_dir)
-    assert all(s <= died_at for s, _ in dead.arrays["diag_erank"])
+    # a step's diagnostics are written at its end, before the trainer logs its loss: a kill between leaves one step more
+    assert all(s <= died_at + 1 for s, _ in dead.arrays["diag_erank"])
     saved = max(int(p.name.split("-")[1]) for p in out_dir.glob("checkpoint-*"))
     assert saved in (4, 8) and saved <= died_at
 
