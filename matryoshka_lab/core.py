@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'cpu_has_native_bf16', 'check_precision', 'resolve_precision', 'autocast',
-           'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit', 'provenance',
-           'parse_layers', 'parse_dims']
+__all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'constant', 'cpu_has_native_bf16', 'check_precision', 'resolve_precision',
+           'autocast', 'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit',
+           'provenance', 'parse_layers', 'parse_dims']
 
 # %% ../nbs/00_core.ipynb #00c006
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -28,6 +28,15 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if device is not None:
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+# %% ../nbs/00_core.ipynb #00c007e
+@functools.lru_cache(maxsize=256)
+def _constant(values: tuple, device: torch.device, dtype: torch.dtype | None) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+def constant(values, device: str | torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    "The numbers `values` as a tensor on `device`, made on the first call and the same tensor after (no host copy a step); read-only."
+    return _constant(tuple(values), torch.device(device), dtype)
 
 # %% ../nbs/00_core.ipynb #00c007b
 PRECISIONS = ("fp32", "bf16", "auto")

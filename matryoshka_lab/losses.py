@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .core import constant
 from .methods import Method, register
 
 # %% auto #0
@@ -50,7 +51,7 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0)
 
 def info_nce_prefixes(a: torch.Tensor, b: torch.Tensor, dims, target=None, scale: float = 20.0) -> torch.Tensor:
     "info_nce(a[:, :d], b[:, :d]) for every d in dims at once -> [len(dims)]: one batched product of masked rows over prefix norms (a GPU's few launches; the loop's numbers to float order)."
-    sizes = torch.tensor(dims, device=a.device)
+    sizes = constant(dims, a.device)
     norm = lambda x: x.square().cumsum(-1)[:, sizes - 1].sqrt().clamp_min(1e-12).T            # [K, rows]: |x[:d]|
     masked = a * (torch.arange(a.shape[-1], device=a.device) < sizes[:, None])[:, None, :]     # [K, B, D]: a[:, :d], 0 after
     logits = (masked @ b.T) / (norm(a)[:, :, None] * norm(b)[:, None, :]) * scale                # [K, B, B'] cosines x scale

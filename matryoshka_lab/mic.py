@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .core import constant
 from .encoder import EncoderOutput, pool
 from .losses import MRL, LossOutput, _check_dims
 from .methods import Method, register
@@ -47,7 +48,7 @@ def _check_prefixes(dims, D: int, residual: bool) -> tuple[int, ...]:
 
 def _prefix_mask(dims: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "pre [K, D] with pre[k, j] = 1 for j < dims[k] else 0, and the sizes d [K], in like's dtype and device."
-    d = torch.tensor(dims, dtype=like.dtype, device=like.device)
+    d = constant(dims, like.device, like.dtype)
     return (torch.arange(like.shape[-1], device=like.device)[None] < d[:, None]).to(like.dtype), d
 
 # %% ../nbs/16_mic.ipynb #12c008
@@ -214,7 +215,7 @@ class _AlignedStates:
         if missing:
             raise ValueError(f"MIC aligns hidden states {list(self.layers)}, but the encoder output has {list(out.layers)} "
                              f"(missing {missing})")
-        rows = torch.tensor([out.layers.index(layer) for layer in self.layers], device=out.pooled.device)
+        rows = constant([out.layers.index(layer) for layer in self.layers], out.pooled.device)
         needs_hidden = self.use_scr or self.pooling == "mean"
         if needs_hidden and out.hidden is None:
             raise ValueError("MIC needs token states: run the encoder with tokens=True")

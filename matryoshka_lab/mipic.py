@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .core import constant
 from .encoder import EncoderOutput
 from .losses import MRL, LossOutput, _check_dims, info_nce
 from .methods import Method, register
@@ -123,7 +124,7 @@ def gamma_schedule(n: int, low: float = 0.2, high: float = 0.7) -> tuple[float, 
 def topk_sizes(mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8, anchor: str = "cls") -> torch.Tensor:
     "k_i = min(max(k_min, ceil(gamma_i * m)), #candidates) per dim and row: mask [B, T] -> long [K, B]."
     m = mask.sum(-1).double()                                                       # real tokens per row
-    g = torch.tensor(gammas, dtype=torch.float64, device=mask.device)[:, None]
+    g = constant(gammas, mask.device, torch.float64)[:, None]
     k = torch.ceil(g * m - 1e-9).clamp_min(k_min)
     return torch.minimum(k, candidate_mask(mask, anchor).sum(-1).double()).long()
 
