@@ -126,8 +126,8 @@ def batch_target(rows, device) -> torch.Tensor | tuple | None:
     if rows is None:
         return None
     if isinstance(rows, tuple):
-        return tuple(torch.as_tensor(r, device=device) for r in rows)
-    return torch.as_tensor(rows, device=device)
+        return tuple(batch_target(r, device) for r in rows)
+    return torch.as_tensor(rows).to(device, non_blocking=True)    # pinned (pin_batch): no wait for the device's queue
 
 # %% ../nbs/12_trainer.ipynb #08c018
 def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> list:
@@ -246,9 +246,16 @@ def _sides(batch: tuple, convert) -> tuple:
     a = {k: convert(v) for k, v in side_a.items()}
     return rows, a, a if side_b is side_a else {k: convert(v) for k, v in side_b.items()}
 
+def _pinned_rows(rows):
+    "Target rows (None, an array or a tuple of arrays) as tensors in pinned memory."
+    if rows is None:
+        return None
+    return tuple(map(_pinned_rows, rows)) if isinstance(rows, tuple) else torch.as_tensor(rows).pin_memory()
+
 def pin_batch(batch: tuple) -> tuple:
-    "A host batch with its token tensors in pinned memory: copied to a GPU without blocking."
-    return _sides(batch, torch.Tensor.pin_memory)
+    "A host batch with its target rows and token tensors in pinned memory: copied to a GPU without blocking."
+    _, side_a, side_b = _sides(batch, torch.Tensor.pin_memory)
+    return _pinned_rows(batch[0]), side_a, side_b
 
 _worker_make = None            # a worker process's batch maker: inherited when BatchesAhead forks it
 

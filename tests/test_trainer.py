@@ -537,3 +537,20 @@ def test_a_compiled_model_trains_to_the_eager_losses_and_exports_the_same_keys(t
     assert len(got) == 2 and got == pytest.approx(ref, rel=1e-5)
     exported = Encoder.from_pretrained(str(tmp_path / "True" / "model"))
     assert exported.model.state_dict().keys() == compiled.encoder.model.state_dict().keys()
+
+
+def test_pin_batch_pins_the_target_rows_too(monkeypatch):
+    "On a GPU a batch's target rows (scores, or a method's arrays) are pinned with its tokens: batch_target's copy does not wait for the device."
+    import numpy as np
+    from matryoshka_lab.trainer import batch_target, pin_batch
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())   # pinning needs a GPU
+    side = {"input_ids": torch.ones(2, 3, dtype=torch.long)}
+    scores, arrays = np.array([0.5, 4.0]), (np.array([[1, 2], [3, 4]]), np.array([2, 0]))
+    rows, a, b = pin_batch((None, side, side))
+    assert rows is None and b is a and len(pinned) == 1             # SimCSE: no rows, and side_b stays side_a
+    rows, _, _ = pin_batch((scores, side, side))
+    assert torch.equal(rows, torch.as_tensor(scores)) and len(pinned) == 3
+    rows, _, _ = pin_batch((arrays, side, side))
+    assert len(pinned) == 6 and all(torch.equal(r, torch.as_tensor(x)) for r, x in zip(rows, arrays))
+    assert all(torch.equal(t, torch.as_tensor(x)) for t, x in zip(batch_target(rows, "cpu"), arrays))
