@@ -6,11 +6,13 @@
 The bare model's bf16 step (forward on the 2 x B token rows our SimCSE step passes, mean of the last hidden state,
 backward, AdamW: bench/gpu_step.py's bare_bf16), then a base and an MRL trainer (SimCSE, batch 256 x 128 tokens, the
 STS-B test sentences; their next batch made in a worker process on CUDA), an MRL trainer making it in a thread
-(batch_workers 0), and one whose batches were all made (tokenised, pinned) before its first step, each taking 5
+(batch_workers 0), one whose batches were all made (tokenised, pinned) before its first step, and an ESE and a
+MIPIC trainer (the two methods over their goals in results/bench/gpu_step.json), each taking 5
 warm-up steps, then 10 timed back to back, then 2 profiled, then 10 read phase by phase (the host's milliseconds in the
 model's forward, the backward call, the optimizer's step and, for the trainers, making the batch, the rest of
-method_views (pooling every layer), the loss and the clipping; `rest` is the step's host time outside those, its wait
-for the device included; medians, each step waited for); then one Encoder.encode pass over the same sentences is
+method_views (pooling every layer), the loss and the clipping; within the loss, ESE's target (ese_projection: its
+eigendecomposition, which waits for the device) and MIPIC's SIA and PIC terms are phases of their own; `rest` is the
+step's host time outside those, its wait for the device included; medians, each step waited for); then one Encoder.encode pass over the same sentences is
 profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self CUDA time and
 its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the host issuing
 kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and making the
@@ -28,10 +30,13 @@ from matryoshka_lab.config import make_config
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.methods import Callback, TrainData
-from matryoshka_lab import trainer as trainer_module
+from matryoshka_lab import losses as losses_module, mipic as mipic_module, trainer as trainer_module
 from matryoshka_lab.trainer import Trainer, pin_batch
 
 from gpu_step import bare_step                     # bench/ is the script's folder: the same bare step
+
+
+INSIDE = {"model": "views", "target": "loss", "sia": "loss", "pic": "loss"}   # phase -> the phase that calls it
 
 
 class Phases:
@@ -73,8 +78,9 @@ def phase_times(step, ks, sync, wraps) -> dict:
     finally:
         phases.undo()
     out = {name: statistics.median(r.get(name, 0.0) for r in rows) * 1e3 for name in rows[0]}
-    if "views" in out:                                    # method_views holds the model's forward
-        out["views"] -= out["model"]
+    for inner, outer in INSIDE.items():                   # a phase's own time: less the phases it holds
+        if inner in out and outer in out:
+            out[outer] -= out[inner]
     out["rest"] = out["host"] - sum(v for k, v in out.items() if k not in ("host", "wall"))
     return out
 
@@ -122,7 +128,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         trainers = {}
         for name, method, workers in (("base", "base", None), ("mrl", "mrl", None), ("mrl thread", "mrl", 0),
-                                      ("mrl pretokenised", "mrl", None)):
+                                      ("mrl pretokenised", "mrl", None), ("ese", "ese", None), ("mipic", "mipic", None)):
             cfg = make_config({"model": args.model, "objective": "simcse", "batch_size": B, "max_length": L, "device": str(device),
                                "max_steps": 1000, "eval_every": -1, "diagnostics_every": -1, "run_dir": d,
                                "method": method, "dims": [16, 32, 64, 128, 256, 384], "batch_workers": workers})
@@ -143,7 +149,9 @@ def main():
                 t.train_step()
             timed_and_profiled(step, method, shared + [
                 (t, "batches", "batch"), (trainer_module, "method_views", "views"), (t, "loss_fn", "loss"),
-                (torch.nn.utils, "clip_grad_norm_", "clip"), (t.optimizer, "step", "optimizer")])
+                (torch.nn.utils, "clip_grad_norm_", "clip"), (t.optimizer, "step", "optimizer"),
+                (losses_module, "ese_projection", "target"), (mipic_module, "sia_terms", "sia"),
+                (mipic_module, "pic_terms", "pic")])
     e.eval()
     for precision in ("fp32", "bf16"):
         e.encode(texts, precision=precision, progress=False, layers=[-1], batch_size=B)
