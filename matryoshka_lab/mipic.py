@@ -396,9 +396,12 @@ class MIPIC(_SelfDistillation, nn.Module):
         parts["mrl"] = mrl.total.detach()
         total = self.alpha * mrl.total
         if self.alpha < 1 and (self.use_sia or self.use_pic):
-            reg = [self.self_distillation(out) for out in ((out_a,) if self.views == "a" else (out_a, out_b))]
-            total = total + (1 - self.alpha) * sum(r.total for r in reg) / len(reg)
-            parts.update({k: sum(r.parts[k] for r in reg) / len(reg) for k in reg[0].parts})
+            reg = self.self_distillation(out_a)
+            if self.views == "both":                  # the two views' mean; one view's values as they are (no kernel a part)
+                b = self.self_distillation(out_b)
+                reg = LossOutput((reg.total + b.total) / 2, {k: (v + b.parts[k]) / 2 for k, v in reg.parts.items()})
+            total = total + (1 - self.alpha) * reg.total
+            parts.update(reg.parts)
         return LossOutput(total, parts)
 
 # %% ../nbs/15_mipic.ipynb #11c038b

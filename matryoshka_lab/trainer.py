@@ -422,11 +422,12 @@ class Trainer:
                 a, b = method_views(self.method, enc, *views, cfg.max_length, self.dist)
                 self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
             self._fire("after_loss")
-            loss = self.out.total / cfg.grad_accum
+            loss = self.out.total if cfg.grad_accum == 1 else self.out.total / cfg.grad_accum
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            total = total + loss.detach()
-            for k, v in self.out.parts.items():                               # on the device: read once a log step
-                parts[k] = parts.get(k, 0.0) + v / cfg.grad_accum
+            total = loss.detach() if m == 0 else total + loss.detach()
+            for k, v in self.out.parts.items():   # on the device, read once a log step; one micro-batch's as they are:
+                v = v if cfg.grad_accum == 1 else v / cfg.grad_accum          # no kernel a part (MIPIC logs 76)
+                parts[k] = parts[k] + v if k in parts else v
         self.dist.average_grads(self.params)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)                              # clipped and reported unscaled
