@@ -12,8 +12,8 @@ warm-up steps, then 10 timed back to back, then 2 profiled, then 10 read phase b
 model's forward, the backward call, the optimizer's step and, for the trainers, making the batch, the rest of
 method_views (pooling every layer), the loss and the clipping; within the loss, ESE's target (ese_projection: its
 eigendecomposition, which waits for the device) and MIPIC's SIA and PIC terms are phases of their own; `rest` is the
-step's host time outside those, its wait for the device included; medians, each step waited for); then one Encoder.encode pass over the same sentences is
-profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self CUDA time and
+step's host time outside those, its wait for the device included; medians, each step waited for); then one
+Encoder.encode pass over the same sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self CUDA time and
 its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the host issuing
 kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and making the
 next batch in a process or a thread to MRL. Meant for CUDA; --device cpu with a small batch checks that it runs.
