@@ -6,17 +6,18 @@
 The bare model's bf16 step (forward on the 2 x B token rows our SimCSE step passes, mean of the last hidden state,
 backward, AdamW: bench/gpu_step.py's bare_bf16), then a base and an MRL trainer (SimCSE, batch 256 x 128 tokens, the
 STS-B test sentences; their next batch made in a worker process on CUDA), an MRL trainer making it in a thread
-(batch_workers 0), one whose batches were all made (tokenised, pinned) before its first step, and an ESE and a
-MIPIC trainer (the two methods over their goals in results/bench/gpu_step.json), each taking 5
-warm-up steps, then 10 timed back to back, then 2 profiled, then 10 read phase by phase (the host's milliseconds in the
-model's forward, the backward call, the optimizer's step and, for the trainers, making the batch, the rest of
-method_views (pooling every layer), the loss and the clipping; within the loss, ESE's target (ese_projection: its
-eigendecomposition, which waits for the device) and MIPIC's SIA and PIC terms are phases of their own; `rest` is the
-step's host time outside those, its wait for the device included; medians, each step waited for); then one
-Encoder.encode pass over the same sentences is profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self CUDA time and
-its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the host issuing
-kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and making the
-next batch in a process or a thread to MRL. Meant for CUDA; --device cpu with a small batch checks that it runs.
+(batch_workers 0), one whose batches were all made (tokenised, pinned) before its first step, and an ESE and a MIPIC
+trainer (the two methods over their goals in results/bench/gpu_step.json), each taking 5 warm-up steps, then 10 timed
+back to back, then 2 profiled, then 10 read phase by phase (the host's milliseconds in the model's forward, the
+backward call, the optimizer's step and, for the trainers, making the batch, the rest of method_views (pooling every
+layer), the loss and the clipping; within the loss, ESE's target (ese_projection: its eigendecomposition, which waits
+for the device) and MIPIC's SIA and PIC terms are phases of their own; `rest` is the step's host time outside those,
+its wait for the device included; medians, each step waited for); then one Encoder.encode pass over the same sentences
+is profiled in fp32 and in bf16 (after one unprofiled pass each). Each profile prints its self CPU and self CUDA time
+and its 14 costliest operators by self CPU time: a step whose CPU time exceeds its GPU time is bound by the host
+issuing kernels, and the step profiles side by side show what the trainer adds to the bare step, MRL to base, and
+making the next batch in a process or a thread to MRL. Meant for CUDA; --device cpu with a small batch checks that it
+runs.
 """
 import argparse
 import statistics
