@@ -412,7 +412,7 @@ class Trainer:
         "One optimizer step over cfg.grad_accum micro-batches; the logged values: loss (a float), its parts and grad_norm (device scalars, read_floats), lr."
         cfg, enc = self.config, self.encoder
         self.optimizer.zero_grad(set_to_none=True)
-        parts, total = {}, 0.0
+        parts = {}
         for m in range(cfg.grad_accum):
             rows, side_a, side_b = self.batches((self.step - 1) * cfg.grad_accum + m)
             target = batch_target(rows, enc.device)                           # the whole batch's: scores, or a method's arrays
