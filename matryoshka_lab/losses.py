@@ -18,9 +18,9 @@ from .methods import Method, register
 
 # %% auto #0
 __all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
-           'info_nce_prefixes', 'cosent', 'angle', 'in_batch_negatives', 'angle_objective', 'linear_ce',
-           'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'ese_projection', 'distill', 'ESE',
-           'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
+           'info_nce_prefixes', 'info_nce_stacked', 'cosent', 'angle', 'in_batch_negatives', 'angle_objective',
+           'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'ese_projection', 'distill',
+           'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
@@ -42,7 +42,7 @@ def read_floats(values: dict) -> dict[str, float]:
 # %% ../nbs/07_losses.ipynb #06c007
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     "Cosine similarity of every row of a [B, D] with every row of b [B', D] -> [B, B']."
-    return F.normalize(a, dim=-1, eps=1e-12) @ F.normalize(b, dim=-1, eps=1e-12).T
+    return F.normalize(a, dim=-1, eps=1e-12) @ F.normalize(b, dim=-1, eps=1e-12).mT
 
 def info_nce(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0) -> torch.Tensor:
     "InfoNCE / MNRL: a_i's positive is b_i, the other b_j are negatives. a, b [B, D] -> scalar."
@@ -58,7 +58,16 @@ def info_nce_prefixes(a: torch.Tensor, b: torch.Tensor, dims, target=None, scale
     labels = torch.arange(len(a), device=a.device).repeat(len(dims))
     return F.cross_entropy(logits.flatten(0, 1), labels, reduction="none").view(len(dims), len(a)).mean(1)
 
+def info_nce_stacked(a, b, target=None, scale: float = 20.0) -> torch.Tensor:
+    "info_nce(a[i], b[i]) for every i at once -> [n]: a, b [n, B, D], or lists of n [B, d_i] zero-padded to the widest (cosines unchanged); one batched product (a GPU's few launches; the loop's numbers to float order)."
+    if not isinstance(a, torch.Tensor):
+        d = max(x.shape[-1] for x in (*a, *b))
+        a, b = (torch.stack([F.pad(x, (0, d - x.shape[-1])) for x in xs]) for xs in (a, b))
+    logits = cosine_matrix(a, b) * scale                                          # [n, B, B']
+    return -logits.log_softmax(-1).diagonal(0, -2, -1).mean(-1)                  # a_i's positive is b_i
+
 info_nce.prefixes = info_nce_prefixes   # MRL's batched form (MRL.prefix_terms off the CPU)
+info_nce.stacked = info_nce_stacked     # ESE's layers and MIPIC's PIC steps, batched (off the CPU)
 
 # %% ../nbs/07_losses.ipynb #06c010
 def _rank_loss(pred: torch.Tensor, score: torch.Tensor, scale: float) -> torch.Tensor:
@@ -282,9 +291,10 @@ def ese_projection(x: torch.Tensor, k: int) -> torch.Tensor:
     return (x.double() @ (U * S[..., None, :])).to(x.dtype)
 
 def distill(student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0, mse_weight: float = 1.0) -> torch.Tensor:
-    "The ESE authors' distillation: mse_weight * MSE + temperature * KL(softmax(target/t) || softmax(student/t)); [B, k]."
-    kl = F.kl_div(F.log_softmax(student / temperature, -1), F.softmax(target / temperature, -1), reduction="batchmean")
-    return mse_weight * F.mse_loss(student, target) + temperature * kl
+    "The ESE authors' distillation: mse_weight * MSE + temperature * KL(softmax(target/t) || softmax(student/t)) of student, target [..., B, k] -> [...] (the KL's batch mean)."
+    kl = F.kl_div(F.log_softmax(student / temperature, -1), F.softmax(target / temperature, -1), reduction="none")
+    mse = F.mse_loss(student, target, reduction="none").mean((-2, -1))
+    return mse_weight * mse + temperature * kl.sum((-2, -1)) / student.shape[-2]
 
 @dataclass(frozen=True)
 class ESE:
@@ -324,10 +334,14 @@ class ESE:
         if self.compression_size >= D:
             raise ValueError(f"compression_size {self.compression_size} must be smaller than the embedding size {D}")
         name = getattr(self.objective, "__name__", "loss")
-        layers, projected = [N, *range(N - 1)], {}     # the last hidden state and the authors' shallow ones
+        layers = [N, *range(N - 1)]                    # the last hidden state and the authors' shallow ones
+        rows, targets = constant(layers, a.device), None
         if self.compress:                              # every layer's target from one batched eigendecomposition
             xy = torch.cat([a, b], 1) if self.compress_views == "both" else a
-            projected = dict(zip(layers, ese_projection(xy[layers], self.compression_size)))
+            targets = ese_projection(xy.index_select(0, rows), self.compression_size)    # [len(layers), rows, k]
+        if getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu":
+            return self.stacked_terms(a, b, target, layers, targets)
+        projected = dict(zip(layers, targets)) if targets is not None else {}
         parts = {}
         full = self.objective(a[N], b[N], target)
         parts[f"L{N}/d{D}/{name}"] = full.detach()
@@ -337,6 +351,24 @@ class ESE:
                           for i in range(N - 1))
             total = total + shallow / (N - 1)
         return LossOutput(total, parts)
+
+    def stacked_terms(self, a: torch.Tensor, b: torch.Tensor, target, layers: list[int], targets) -> LossOutput:
+        "The loop's total and parts with every layer's express and compress terms at once (the objective's `stacked` form; a GPU's few launches, the loop's numbers to float order)."
+        N, D, k = a.shape[0] - 1, a.shape[-1], self.compression_size
+        name = getattr(self.objective, "__name__", "loss")
+        rows = constant(layers, a.device)
+        x, y = a.index_select(0, rows)[..., :k], b.index_select(0, rows)[..., :k]       # [len(layers), B, k]
+        full, express = self.objective(a[N], b[N], target), self.objective.stacked(x, y, target)
+        compress = None if targets is None else distill(torch.cat([x, y], 1) if self.compress_views == "both" else x,
+                                                        targets, self.kl_temperature)   # [len(layers)]
+        parts = {f"L{N}/d{D}/{name}": full.detach()}
+        for j, layer in enumerate(layers):                                               # the loop's order
+            parts[f"L{layer}/d{k}/{name}"] = express.detach()[j]
+            if compress is not None:
+                parts[f"L{layer}/d{k}/compress"] = compress.detach()[j]
+        values = express if compress is None else express + compress
+        weights = [1.0, *(1.0 / (1.0 + math.log(1 + i)) / (N - 1) for i in range(N - 1))]   # the loop's, as one vector
+        return LossOutput(full + (values * constant(weights, a.device, values.dtype)).sum(), parts)
 
 # %% ../nbs/07_losses.ipynb #06c033
 @register
