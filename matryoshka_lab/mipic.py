@@ -15,7 +15,7 @@ from torch import nn
 
 from .core import constant
 from .encoder import EncoderOutput
-from .losses import MRL, LossOutput, _check_dims, info_nce
+from .losses import MRL, LossOutput, _check_dims, info_nce, info_nce_stacked
 from .methods import Method, register
 
 # %% auto #0
@@ -218,8 +218,10 @@ def pic_projector(d_in: int, d_out: int) -> nn.Module:
 def pic_terms(z: Sequence[torch.Tensor], projectors: Sequence[nn.Module], tau: float = 0.05,
               detach_target: bool = False) -> torch.Tensor:
     "Eq. 16 for each step i: InfoNCE of phi_i(z_i) [B, d_{i+1}] against z_{i+1} [B, d_{i+1}], in-batch negatives -> [n-1]."
-    return torch.stack([info_nce(phi(z[i]), z[i + 1].detach() if detach_target else z[i + 1], scale=1.0 / tau)
-                        for i, phi in enumerate(projectors)])
+    pred, target = [phi(x) for phi, x in zip(projectors, z)], [x.detach() if detach_target else x for x in z[1:]]
+    if z[0].device.type != "cpu":       # every step in one product, zero-padded to the widest: a GPU's few launches
+        return info_nce_stacked(pred, target, scale=1.0 / tau)     # (the CPU keeps the loop: fewer flops, its order)
+    return torch.stack([info_nce(p, t, scale=1.0 / tau) for p, t in zip(pred, target)])
 
 # %% ../nbs/15_mipic.ipynb #11c031
 def _check_layers(layers, num_layers: int, what: str = "layers") -> tuple[int, ...]:
