@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benches in one call of a lent machine (about 10 minutes at most), each under its own time limit, their
+# The GPU benches in one call of a lent machine (590 s at most), each under its own time limit, their
 # outputs and result files written to OUT. Here: `python bench/device_payload.py .gpu` (the model in fp16, the data
 # files); then, on the machine, from the repository, with .gpu carried along:
 #     bash bench/device_run.sh .gpu "$OUT"
@@ -15,7 +15,8 @@ run() {
     timeout "$limit" python3 "$@" > "$out/$name.txt" 2> "$out/$name.err"
     echo "$name: exit $?, $(tail -n 1 "$out/$name.txt" | cut -c1-160)"
 }
-run step_ops 60 bench/step_ops.py --model "$payload/model" --device cuda --out "$out/step_ops.json"
-run ese_projection 60 bench/ese_projection.py --model "$payload/model" --device cuda --rounds 10 --out "$out/ese_projection.json"
-run gpu_profile 150 bench/gpu_profile.py --model "$payload/model"
+run step_ops 50 bench/step_ops.py --model "$payload/model" --device cuda --out "$out/step_ops.json"
+run loss_forms 30 bench/loss_forms.py --device cuda --out "$out/loss_forms.json"
+run ese_projection 50 bench/ese_projection.py --model "$payload/model" --device cuda --rounds 10 --out "$out/ese_projection.json"
+run gpu_profile 140 bench/gpu_profile.py --model "$payload/model"
 run gpu_step 320 bench/gpu_step.py --model "$payload/model" --device cuda --out "$out/gpu_step.json"

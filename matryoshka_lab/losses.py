@@ -333,14 +333,18 @@ class ESE:
         N, D = a.shape[0] - 1, a.shape[-1]
         if self.compression_size >= D:
             raise ValueError(f"compression_size {self.compression_size} must be smaller than the embedding size {D}")
-        name = getattr(self.objective, "__name__", "loss")
         layers = [N, *range(N - 1)]                    # the last hidden state and the authors' shallow ones
         rows, targets = constant(layers, a.device), None
         if self.compress:                              # every layer's target from one batched eigendecomposition
             xy = torch.cat([a, b], 1) if self.compress_views == "both" else a
             targets = ese_projection(xy.index_select(0, rows), self.compression_size)    # [len(layers), rows, k]
-        if getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu":
-            return self.stacked_terms(a, b, target, layers, targets)
+        batched = getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu"
+        return (self.stacked_terms if batched else self.looped_terms)(a, b, target, layers, targets)
+
+    def looped_terms(self, a: torch.Tensor, b: torch.Tensor, target, layers: list[int], targets) -> LossOutput:
+        "The total and parts, one layer after another (the CPU's form, in the order of every committed run); targets [len(layers), rows, k] or None."
+        N, D = a.shape[0] - 1, a.shape[-1]
+        name = getattr(self.objective, "__name__", "loss")
         projected = dict(zip(layers, targets)) if targets is not None else {}
         parts = {}
         full = self.objective(a[N], b[N], target)
@@ -353,7 +357,7 @@ class ESE:
         return LossOutput(total, parts)
 
     def stacked_terms(self, a: torch.Tensor, b: torch.Tensor, target, layers: list[int], targets) -> LossOutput:
-        "The loop's total and parts with every layer's express and compress terms at once (the objective's `stacked` form; a GPU's few launches, the loop's numbers to float order)."
+        "looped_terms' total and parts with every layer's express and compress terms at once (the objective's `stacked` form; a GPU's few launches, the loop's numbers to float order)."
         N, D, k = a.shape[0] - 1, a.shape[-1], self.compression_size
         name = getattr(self.objective, "__name__", "loss")
         rows = constant(layers, a.device)
