@@ -13,9 +13,12 @@ sentences at the layers ESE compresses (the last and hidden states 0..L-2). Rout
               side by side on as many cores)
   eigh32       the same in float32 (for the record: S^2 spans below float32's resolution)
   svd32        torch.linalg.svd in float32, one layer at a time
+  eigh64_magma eigh64 with MAGMA as torch's linear-algebra library (CUDA only; cuSOLVER is its default)
+  lowrank      the ESE authors' torch.svd_lowrank(A, q=k) in float32, every layer at once: a randomised range
+              finder with 2 power iterations (seeded here), so not the exact U_k S_k: its error is the point
 Each route's error is ||P - P_svd64|| / ||P_svd64|| over all layers, and its worst column's. Every round times each
 route once (the order rotating); medians. The last line is one JSON object; --out also writes it with what made it
-(results/bench/ese_projection.json: an H100's).
+(results/bench/ese_projection.json: an H100's, before the lowrank route; ese_projection_cpu.json: 2 CPU cores').
 """
 import argparse
 import json
@@ -87,6 +90,25 @@ def eigh32_route(x, k):
     return x @ (U * S[..., None, :])
 
 
+def magma_route(x, k):
+    "ese_projection with MAGMA as torch's linear-algebra library for the call (restored after)."
+    before = torch.backends.cuda.preferred_linalg_library()
+    torch.backends.cuda.preferred_linalg_library("magma")
+    try:
+        return ese_projection(x, k)
+    finally:
+        torch.backends.cuda.preferred_linalg_library(before)
+
+
+def lowrank_route(x, k, seed=0):
+    "The authors' randomised top-k SVD of A (torch.svd_lowrank, float32), the same sign convention as ours."
+    A = torch.softmax(x.mT @ x / math.sqrt(x.shape[-1]), dim=-1)
+    torch.manual_seed(seed)                           # svd_lowrank draws from the global generator
+    U, S, _ = torch.svd_lowrank(A, q=k)
+    U = U * torch.sign(U.gather(-2, U.abs().argmax(-2, keepdim=True)))
+    return x @ (U * S[..., None, :])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="embedded")
@@ -109,7 +131,10 @@ def main():
     pool = ThreadPoolExecutor(min(len(x), os.cpu_count() or 1))
     routes = {"svd64": lambda: svd_route(x, args.k, torch.float64), "eigh64": lambda: ese_projection(x, args.k),
               "eigh64_host": lambda: host_route(x, args.k), "eigh64_threads": lambda: threads_route(x, args.k, pool),
-              "eigh32": lambda: eigh32_route(x, args.k), "svd32": lambda: svd_route(x, args.k, torch.float32)}
+              "eigh32": lambda: eigh32_route(x, args.k), "svd32": lambda: svd_route(x, args.k, torch.float32),
+              "lowrank": lambda: lowrank_route(x, args.k)}
+    if device.type == "cuda":
+        routes["eigh64_magma"] = lambda: magma_route(x, args.k)
     ref = routes["svd64"]().double()
     err = {}
     for name, fn in routes.items():
