@@ -3,7 +3,8 @@
     python bench/loss_forms.py [--device cuda] [--batch-size 256] [--rounds 20] [--out FILE]
 
 Off the CPU three losses compute their terms at once instead of one after another (07_losses, 15_mipic): MRL's
-prefixes (`info_nce_prefixes`), ESE's layers (`ESE.stacked_terms`) and MIPIC's PIC steps (`info_nce_stacked` on the
+prefixes (`info_nce_prefixes`), ESE's layers (`ESE.stacked_terms`, under InfoNCE and under AnglE's three terms
+with random 0-5 scores) and MIPIC's PIC steps (`info_nce_stacked` on the
 steps zero-padded to the widest). On a GPU a step is bound by the host issuing kernels, so the batched forms are
 there to issue fewer; on the CPU they can cost more flops than the launches they save, and the CPU keeps the loops.
 Each pair is run here on the same seeded inputs of the embedded model's shape (hidden states 0..6 of a [B, 384]
@@ -25,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from matryoshka_lab.core import provenance, resolve_device
-from matryoshka_lab.losses import ESE, ese_projection, info_nce, info_nce_prefixes, info_nce_stacked
+from matryoshka_lab.losses import ESE, angle_objective, ese_projection, info_nce, info_nce_prefixes, info_nce_stacked
 from matryoshka_lab.mipic import MIPIC, anchor_states
 from matryoshka_lab.runs import write_json
 
@@ -53,7 +54,8 @@ def clock(device):
 def forms(device, batch_size, gen):
     "{loss: (inputs, loop, batched)}: each form a function of the inputs -> a vector of terms."
     a, b = (torch.randn(LAYERS + 1, batch_size, D, generator=gen).to(device) for _ in range(2))
-    ese = ESE(info_nce)
+    ese, ese_angle = ESE(info_nce), ESE(angle_objective)
+    score = torch.randint(0, 6, (batch_size,), generator=gen).float().to(device)      # AnglE's gold scores, 0..5
     layers = [LAYERS, *range(LAYERS - 1)]
     targets = ese_projection(torch.cat([a, b], 1)[layers], ese.compression_size)
     mipic = MIPIC(info_nce, DIMS, hidden_size=D, num_layers=LAYERS).to(device)
@@ -69,6 +71,9 @@ def forms(device, batch_size, gen):
         "ese": ((a, b),
                 lambda x, y: ese_terms(ese.looped_terms(x, y, None, layers, targets)),
                 lambda x, y: ese_terms(ese.stacked_terms(x, y, None, layers, targets))),
+        "ese_angle": ((a, b),
+                      lambda x, y: ese_terms(ese_angle.looped_terms(x, y, score, layers, targets)),
+                      lambda x, y: ese_terms(ese_angle.stacked_terms(x, y, score, layers, targets))),
         "pic": ((states,),
                 lambda s: torch.stack([info_nce(p, t, scale=1.0 / mipic.tau) for p, t in zip(*pic(s))]),
                 lambda s: info_nce_stacked(*pic(s), scale=1.0 / mipic.tau)),
@@ -114,7 +119,7 @@ def main():
         row["max_abs_diff"] = float((run(loop, inputs) - run(batched, inputs)).abs().max())
         result[name] = row
         ops = {form: sum(row[form]["ops"].values()) for form in ("loop", "batched")}
-        print(f"{name:4s} ops loop {ops['loop']:5d} batched {ops['batched']:5d} | ms loop {row['loop']['ms']:8.3f} "
+        print(f"{name:9s} ops loop {ops['loop']:5d} batched {ops['batched']:5d} | ms loop {row['loop']['ms']:8.3f} "
               f"batched {row['batched']['ms']:8.3f} ({row['loop_over_batched']}x) | max diff {row['max_abs_diff']:.2e}")
     print(json.dumps(result))
     if args.out:

@@ -71,18 +71,18 @@ info_nce.stacked = info_nce_stacked     # ESE's layers and MIPIC's PIC steps, ba
 
 # %% ../nbs/07_losses.ipynb #06c010
 def _rank_loss(pred: torch.Tensor, score: torch.Tensor, scale: float) -> torch.Tensor:
-    "log(1 + sum over (i, j) with score_i > score_j of exp(scale * (pred_j - pred_i))): pred should follow score."
-    diff = scale * (pred[None, :] - pred[:, None])                 # [B, B]: entry (i, j) = scale (pred_j - pred_i)
+    "log(1 + sum over (i, j) with score_i > score_j of exp(scale * (pred_j - pred_i))): pred [..., B] should follow score [B]."
+    diff = scale * (pred[..., None, :] - pred[..., :, None])       # [..., B, B]: entry (i, j) = scale (pred_j - pred_i)
     mask = score[:, None] > score[None, :]                         # pairs that must be ordered i above j
     diff = diff.masked_fill(~mask, float("-inf"))
-    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), 0)
+    return torch.logsumexp(torch.cat([diff.new_zeros(*diff.shape[:-2], 1), diff.flatten(-2)], -1), -1)
 
 def cosent(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
-    "CoSENT ranking loss for scored pairs a, b [B, D] with gold score [B] -> scalar."
+    "CoSENT ranking loss for scored pairs a, b [..., B, D] with gold score [B] -> [...] (a scalar for [B, D])."
     return _rank_loss(F.cosine_similarity(a, b, dim=-1, eps=1e-12), score, scale)
 
 def angle(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
-    "AnglE loss: CoSENT-style ranking of the complex-division agreement of a, b [B, D] (D even) by score [B] -> scalar."
+    "AnglE loss: CoSENT-style ranking of the complex-division agreement of a, b [..., B, D] (D even) by score [B] -> [...]."
     if a.shape[-1] % 2:
         raise ValueError(f"AnglE needs an even number of dims (real and imaginary halves), got {a.shape[-1]}")
     re_a, im_a = a.chunk(2, dim=-1)
@@ -92,23 +92,27 @@ def angle(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 
     norm_a = (re_a ** 2 + im_a ** 2).sum(-1, keepdim=True).clamp_min(1e-24).sqrt()   # clamp before sqrt: finite grads at 0
     norm_b = (re_b ** 2 + im_b ** 2).sum(-1, keepdim=True).clamp_min(1e-24).sqrt()
     ratio = norm_a / norm_b
-    agreement = torch.cat([re / ratio, im / ratio], dim=-1).sum(-1).abs()        # [B]: 1 for a == b, near 0 when far apart
+    agreement = torch.cat([re / ratio, im / ratio], dim=-1).sum(-1).abs()        # [..., B]: 1 for a == b, near 0 far apart
     return _rank_loss(agreement, score, scale)                                  # larger score -> larger agreement
 
 # %% ../nbs/07_losses.ipynb #06c011b
 def in_batch_negatives(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
-    "AnglE's in-batch negative term: each text of a positive pair (int(score) != 0) against the other 2B - 1 texts, mean over 2B; a, b [B, D]."
-    x = F.normalize(torch.stack([a, b], 1).flatten(0, 1), dim=-1, eps=1e-12)          # [2B, D]: a0 b0 a1 b1 ...
-    eye = torch.eye(len(x), dtype=torch.bool, device=x.device)
-    logp = torch.log_softmax((x @ x.T * scale).masked_fill(eye, float("-inf")), dim=-1)
-    partner = torch.arange(len(x), device=x.device) ^ 1                                # a_i <-> b_i
+    "AnglE's in-batch negative term: each text of a positive pair (int(score) != 0) against the other 2B - 1 texts, mean over 2B; a, b [..., B, D] -> [...]."
+    x = F.normalize(torch.stack([a, b], -2).flatten(-3, -2), dim=-1, eps=1e-12)       # [..., 2B, D]: a0 b0 a1 b1 ...
+    n = x.shape[-2]
+    eye = torch.eye(n, dtype=torch.bool, device=x.device)
+    logp = torch.log_softmax((x @ x.mT * scale).masked_fill(eye, float("-inf")), dim=-1)
+    partner = torch.arange(n, device=x.device) ^ 1                                      # a_i <-> b_i
     positive = (score.trunc() != 0).repeat_interleave(2)
-    return -(logp[torch.arange(len(x), device=x.device), partner] * positive).sum() / len(x)
+    return -(logp[..., torch.arange(n, device=x.device), partner] * positive).sum(-1) / n
 
 def angle_objective(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0,
                     angle_scale: float = 1.0) -> torch.Tensor:
-    "AnglE as its authors train it (74e5ba2): CoSENT (scale) + in-batch negatives (scale) + the angle term (angle_scale); a, b [B, D]."
+    "AnglE as its authors train it (74e5ba2): CoSENT (scale) + in-batch negatives (scale) + the angle term (angle_scale); a, b [..., B, D] -> [...]."
     return cosent(a, b, score, scale) + in_batch_negatives(a, b, score, scale) + angle(a, b, score, angle_scale)
+
+# CoSENT and AnglE take [..., B, D] and give [...]: each is its own stacked form (ESE's layers at once, off the CPU)
+cosent.stacked, angle.stacked, angle_objective.stacked = cosent, angle, angle_objective
 
 # %% ../nbs/07_losses.ipynb #06c013
 def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
