@@ -39,6 +39,7 @@ from matryoshka_lab import encoder as encoder_module
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.eval import evaluate
 from matryoshka_lab.runs import write_json
+from timing import clock                          # bench/ is the script's folder
 
 DIMS = "16,32,64,128,256,384"
 
@@ -55,13 +56,6 @@ def flops(enc: Encoder, lengths: list[int], batch_size: int) -> tuple[float, flo
         B, T = len(ordered[s:s + batch_size]), ordered[s]
         executed += L * B * (T * per_token + 4 * T * T * D)
     return float(useful), float(executed)
-
-
-def clock(device):
-    "perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def matmul_trial(m: int, k: int, n: int, dtype, device, repeats: int = 3):

@@ -27,7 +27,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -37,13 +36,7 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.losses import ese_projection
 from matryoshka_lab.runs import write_json
-
-
-def clock(device):
-    "perf_counter once the device's queued work is done."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+from timing import clock                          # bench/ is the script's folder
 
 
 def svd_route(x, k, dtype):

@@ -69,6 +69,7 @@ from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.methods import Callback, TrainData
 from matryoshka_lab.runs import write_json
 from matryoshka_lab.trainer import Trainer, pin_batch
+from timing import clock                          # bench/ is the script's folder
 
 TASKS = ("stsb", "sickr")                       # their test sentences (bench/device_payload.py carries these tasks)
 METHODS = ("base", "mrl", "2dmse", "ese", "mipic", "mic")
@@ -81,13 +82,6 @@ GOALS = {"mrl_over_bare_bf16": ("<=", 1.3), "st_over_mrl": (">=", 2.5), "2dmse_o
 
 def log(message):
     print(message, file=sys.stderr, flush=True)
-
-
-def clock(device):
-    "perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def bare_step(model, opt, batches, device, dtype=None, matmul="highest"):

@@ -20,7 +20,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,6 +28,7 @@ from matryoshka_lab.core import provenance, resolve_device
 from matryoshka_lab.losses import ESE, angle_objective, ese_projection, info_nce, info_nce_prefixes, info_nce_stacked
 from matryoshka_lab.mipic import MIPIC, anchor_states
 from matryoshka_lab.runs import write_json
+from timing import clock                          # bench/ is the script's folder
 
 DIMS, LAYERS, D = (16, 32, 64, 128, 256, 384), 6, 384
 
@@ -42,13 +42,6 @@ class Counter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += not func.is_view
         return func(*args, **(kwargs or {}))
-
-
-def clock(device):
-    "perf_counter once the device's queued work is done."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def forms(device, batch_size, gen):

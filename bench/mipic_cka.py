@@ -22,7 +22,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 
 import torch
 
@@ -32,13 +31,7 @@ from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.losses import info_nce
 from matryoshka_lab.mipic import MIPIC, prefix_grams, prefix_cka, teacher_attention, topk_tokens
 from matryoshka_lab.runs import write_json
-
-
-def clock(device):
-    "perf_counter once the device's queued work is done."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+from timing import clock                          # bench/ is the script's folder
 
 
 def expansion_cka(h, select, dims, eps=1e-12):

@@ -26,7 +26,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 import warnings
 from datetime import date
 
@@ -43,6 +42,7 @@ from matryoshka_lab.runs import write_json
 from matryoshka_lab.studies.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
 from matryoshka_lab.trainer import method_views
+from timing import clock                          # bench/ is the script's folder
 
 DIMS = [16, 32, 64, 128, 256, 384]
 ADAPTED = ("mrl", "2dmse", "mipic", "mic")   # our losses timed inside sentence-transformers' step too
@@ -57,13 +57,6 @@ def ours(enc, method, loss, batch_a, batch_b, opt, gen):
         loss(a, b, None, generator=gen).total.backward()
         opt.step()
     return step
-
-
-def clock(device):
-    "perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def st_step(model, loss, feats, opt):
