@@ -4,7 +4,7 @@ import torch
 
 from conftest import tiny_config
 from matryoshka_lab.encoder import Encoder
-from matryoshka_lab.losses import ESE, MRL, TwoDMSE, angle, cosent, info_nce
+from matryoshka_lab.losses import ESE, MRL, TwoDMSE, angle, angle_objective, cosent, info_nce
 
 TEXTS = ["a man plays guitar", "a woman reads a book", "the market fell sharply", "dogs run in the park",
          "it will rain tomorrow", "she cooked pasta for dinner"]
@@ -52,3 +52,46 @@ def test_dim_sampling_keeps_the_full_size():
         assert len(parts) == 2 and "L1/d32/info_nce" in parts
         seen |= set(parts)
     assert len(seen) == 4, "every dim should be drawn sometimes"
+
+
+def test_the_batched_forms_run_off_the_cpu(monkeypatch):
+    """Off the CPU, MRL's prefixes, ESE's layers and MIPIC's PIC steps take their batched forms, which CI has no GPU
+    to run: on the meta device (shapes without values) each runs forward and backward through them, and ESE and MRL
+    name their parts as the CPU's loops do."""
+    from matryoshka_lab import losses, mipic
+    calls = []
+    def spy(name, fn):
+        def called(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return called
+    monkeypatch.setattr(info_nce, "prefixes", spy("prefixes", losses.info_nce_prefixes))
+    monkeypatch.setattr(ESE, "stacked_terms", spy("stacked_terms", ESE.stacked_terms))
+    monkeypatch.setattr(mipic, "info_nce_stacked", spy("info_nce_stacked", losses.info_nce_stacked))
+
+    def pooled(device):
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(4, 6, 16, generator=g).to(device).requires_grad_() for _ in range(2)]
+
+    score = torch.arange(6.0)
+    cases = {"mrl": (MRL(info_nce, dims=(4, 8, 16)), None, "prefixes"),
+             "ese": (ESE(info_nce, compression_size=4), None, "stacked_terms"),
+             "ese_angle": (ESE(angle_objective, compression_size=4), score, "stacked_terms")}
+    for name, (loss, target, form) in cases.items():
+        cpu = loss(*pooled("cpu"), target)
+        assert not calls, (name, calls)                              # the CPU keeps its loops
+        a, b = pooled("meta")
+        res = loss(a, b, None if target is None else target.to("meta"))
+        assert calls == [form] and res.total.device.type == "meta", (name, calls)
+        assert list(res.parts) == list(cpu.parts), name
+        res.total.backward()
+        assert a.grad.shape == a.shape, name
+        calls.clear()
+    chain = mipic.MIPIC(info_nce, (4, 8, 16), hidden_size=16, num_layers=3)
+    z = [x[-1, :, :d] for x, d in zip(pooled("cpu"), (4, 8))] + [pooled("cpu")[0][-1]]
+    assert mipic.pic_terms(z, chain.projectors).shape == (2,) and not calls
+    z = [x.detach().to("meta").requires_grad_() for x in z]
+    terms = mipic.pic_terms(z, chain.to("meta").projectors)
+    assert calls == ["info_nce_stacked"] and terms.shape == (2,) and terms.device.type == "meta"
+    terms.sum().backward()
+    assert all(x.grad.shape == x.shape for x in z)
