@@ -3,10 +3,11 @@
     python bench/loss_forms.py [--device cuda] [--batch-size 256] [--rounds 20] [--out FILE]
 
 Off the CPU three losses compute their terms at once instead of one after another (07_losses, 15_mipic): MRL's
-prefixes (`info_nce_prefixes`), ESE's layers (`ESE.stacked_terms`, under InfoNCE and under AnglE's three terms
-with random 0-5 scores) and MIPIC's PIC steps (`info_nce_stacked` on the
-steps zero-padded to the widest). On a GPU a step is bound by the host issuing kernels, so the batched forms are
-there to issue fewer; on the CPU they can cost more flops than the launches they save, and the CPU keeps the loops.
+prefixes (`info_nce_prefixes` under InfoNCE; under AnglE's three terms, `angle_objective.prefixes`: every prefix laid
+out in its halves, zero-padded), ESE's layers (`ESE.stacked_terms`, under InfoNCE and under AnglE) and MIPIC's PIC
+steps (`info_nce_stacked` on the steps zero-padded to the widest); AnglE's gold scores here are random, 0-5. On a GPU
+a step is bound by the host issuing kernels, so the batched forms are there to issue fewer; on the CPU they can cost
+more flops than the launches they save, and the CPU keeps the loops.
 Each pair is run here on the same seeded inputs of the embedded model's shape (hidden states 0..6 of a [B, 384]
 pooled embedding, the MRL dims 16..384, ESE's k = 128 with its targets computed once for both forms, MIPIC's
 default PIC chain): `ops` counts the aten operations each form dispatches, views apart, forward and backward (a
@@ -61,6 +62,9 @@ def forms(device, batch_size, gen):
         "mrl": ((a[-1], b[-1]),
                 lambda x, y: torch.stack([info_nce(x[:, :d], y[:, :d]) for d in DIMS]),
                 lambda x, y: info_nce_prefixes(x, y, DIMS)),
+        "mrl_angle": ((a[-1], b[-1]),
+                      lambda x, y: torch.stack([angle_objective(x[:, :d], y[:, :d], score) for d in DIMS]),
+                      lambda x, y: angle_objective.prefixes(x, y, DIMS, score)),
         "ese": ((a, b),
                 lambda x, y: ese_terms(ese.looped_terms(x, y, None, layers, targets)),
                 lambda x, y: ese_terms(ese.stacked_terms(x, y, None, layers, targets))),

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -81,10 +82,13 @@ def cosent(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float =
     "CoSENT ranking loss for scored pairs a, b [..., B, D] with gold score [B] -> [...] (a scalar for [B, D])."
     return _rank_loss(F.cosine_similarity(a, b, dim=-1, eps=1e-12), score, scale)
 
+def _check_even(d: int) -> None:
+    if d % 2:
+        raise ValueError(f"AnglE needs an even number of dims (real and imaginary halves), got {d}")
+
 def angle(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
     "AnglE loss: CoSENT-style ranking of the complex-division agreement of a, b [..., B, D] (D even) by score [B] -> [...]."
-    if a.shape[-1] % 2:
-        raise ValueError(f"AnglE needs an even number of dims (real and imaginary halves), got {a.shape[-1]}")
+    _check_even(a.shape[-1])
     re_a, im_a = a.chunk(2, dim=-1)
     re_b, im_b = b.chunk(2, dim=-1)
     z = (re_b ** 2 + im_b ** 2).sum(-1, keepdim=True).clamp_min(1e-12)
@@ -113,6 +117,33 @@ def angle_objective(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale
 
 # CoSENT and AnglE take [..., B, D] and give [...]: each is its own stacked form (ESE's layers at once, off the CPU)
 cosent.stacked, angle.stacked, angle_objective.stacked = cosent, angle, angle_objective
+
+@functools.lru_cache
+def _prefix_columns(dims: tuple, D: int) -> tuple:
+    "The source column of every slot of _prefix_stack's K rows of D, flattened; D is the zero column."
+    first, cols = (D + 1) // 2, []
+    for d in dims:
+        lo, hi = (d + 1) // 2, d // 2                                   # the prefix's halves, as chunk(2) splits it
+        cols += [j if j < lo else j - first + lo if first <= j < first + hi else D for j in range(D)]
+    return tuple(cols)
+
+def _prefix_stack(x: torch.Tensor, dims) -> torch.Tensor:
+    "x [B, D] -> [K, B, D]: each prefix x[:, :d], its first half at the start of the row's first half and its second half at the start of the second, zeros elsewhere (one gather): the prefix's norms, cosines and AnglE halves."
+    D = x.shape[-1]
+    cols = constant(_prefix_columns(tuple(dims), D), x.device)
+    return F.pad(x, (0, 1)).index_select(-1, cols).unflatten(-1, (len(dims), D)).movedim(-2, 0)
+
+def _on_prefixes(objective: Callable, even: bool) -> Callable:
+    "objective on every prefix d of a, b [B, D] at once -> [len(dims)]: its stacked form on the two _prefix_stacks."
+    def prefixes(a, b, dims, target=None, **options):
+        for d in dims if even else ():
+            _check_even(d)
+        return objective(_prefix_stack(a, dims), _prefix_stack(b, dims), target, **options)
+    return prefixes
+
+# and their batched prefix forms (MRL.prefix_terms off the CPU), as info_nce_prefixes is InfoNCE's
+cosent.prefixes = _on_prefixes(cosent, even=False)
+angle.prefixes, angle_objective.prefixes = _on_prefixes(angle, even=True), _on_prefixes(angle_objective, even=True)
 
 # %% ../nbs/07_losses.ipynb #06c013
 def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
