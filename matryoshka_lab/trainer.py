@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing
@@ -82,8 +83,9 @@ def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainDa
     def objective(a, b, target=None):
         return base(a, b, target, scale=scale)
     objective.__name__ = cfg.objective
-    if hasattr(base, "prefixes"):   # its batched form over prefix sizes (losses.info_nce_prefixes), at the same scale
-        objective.prefixes = lambda a, b, dims, target=None: base.prefixes(a, b, dims, target, scale=scale)
+    for form in ("prefixes", "stacked"):   # its batched forms, over prefix sizes and over stacked pairs, at the same scale
+        if hasattr(base, form):
+            setattr(objective, form, functools.partial(getattr(base, form), scale=scale))
     method = get_method(cfg.method)
     ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)
     return method.build(ctx, method.check_options(cfg.loss_options))

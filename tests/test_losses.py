@@ -4,7 +4,7 @@ import torch
 
 from conftest import tiny_config
 from matryoshka_lab.encoder import Encoder
-from matryoshka_lab.losses import ESE, MRL, TwoDMSE, angle, angle_objective, cosent, info_nce
+from matryoshka_lab.losses import ESE, MRL, TwoDMSE, angle, cosent, info_nce
 
 TEXTS = ["a man plays guitar", "a woman reads a book", "the market fell sharply", "dogs run in the park",
          "it will rain tomorrow", "she cooked pasta for dinner"]
@@ -56,16 +56,20 @@ def test_dim_sampling_keeps_the_full_size():
 
 def test_the_batched_forms_run_off_the_cpu(monkeypatch):
     """Off the CPU, MRL's prefixes, ESE's layers and MIPIC's PIC steps take their batched forms, which CI has no GPU
-    to run: on the meta device (shapes without values) each runs forward and backward through them, and ESE and MRL
-    name their parts as the CPU's loops do."""
+    to run: on the meta device (shapes without values) each loss, built as the trainer builds it (its objective a
+    closure over the temperature), runs forward and backward through them, and MRL and ESE name their parts as the
+    CPU's loops do."""
     from matryoshka_lab import losses, mipic
+    from matryoshka_lab.config import make_config
+    from matryoshka_lab.trainer import make_loss
     calls = []
     def spy(name, fn):
         def called(*args, **kwargs):
             calls.append(name)
             return fn(*args, **kwargs)
         return called
-    monkeypatch.setattr(info_nce, "prefixes", spy("prefixes", losses.info_nce_prefixes))
+    for objective in (info_nce, cosent, losses.angle_objective):
+        monkeypatch.setattr(objective, "prefixes", spy("prefixes", objective.prefixes))
     monkeypatch.setattr(ESE, "stacked_terms", spy("stacked_terms", ESE.stacked_terms))
     monkeypatch.setattr(mipic, "info_nce_stacked", spy("info_nce_stacked", losses.info_nce_stacked))
 
@@ -73,19 +77,21 @@ def test_the_batched_forms_run_off_the_cpu(monkeypatch):
         g = torch.Generator().manual_seed(0)
         return [torch.randn(4, 6, 16, generator=g).to(device).requires_grad_() for _ in range(2)]
 
-    score = torch.arange(6.0)
-    cases = {"mrl": (MRL(info_nce, dims=(4, 8, 16)), None, "prefixes"),
-             "ese": (ESE(info_nce, compression_size=4), None, "stacked_terms"),
-             "ese_angle": (ESE(angle_objective, compression_size=4), score, "stacked_terms")}
-    for name, (loss, target, form) in cases.items():
-        cpu = loss(*pooled("cpu"), target)
-        assert not calls, (name, calls)                              # the CPU keeps its loops
+    for method, objective, form in (("mrl", "simcse", "prefixes"), ("mrl", "cosent", "prefixes"),
+                                    ("mrl", "angle", "prefixes"), ("ese", "simcse", "stacked_terms"),
+                                    ("ese", "angle", "stacked_terms")):
+        cfg = make_config({"method": method, "objective": objective, "dims": [4, 8, 16],
+                           "loss_options": {"compression_size": 4} if method == "ese" else {}})
+        loss = make_loss(cfg, hidden_size=16, num_layers=3)
+        score = None if objective == "simcse" else torch.arange(6.0)
+        cpu = loss(*pooled("cpu"), score)
+        assert not calls, (method, objective, calls)                 # the CPU keeps its loops
         a, b = pooled("meta")
-        res = loss(a, b, None if target is None else target.to("meta"))
-        assert calls == [form] and res.total.device.type == "meta", (name, calls)
-        assert list(res.parts) == list(cpu.parts), name
+        res = loss(a, b, None if score is None else score.to("meta"))
+        assert calls == [form] and res.total.device.type == "meta", (method, objective, calls)
+        assert list(res.parts) == list(cpu.parts), (method, objective)
         res.total.backward()
-        assert a.grad.shape == a.shape, name
+        assert a.grad.shape == a.shape, (method, objective)
         calls.clear()
     chain = mipic.MIPIC(info_nce, (4, 8, 16), hidden_size=16, num_layers=3)
     z = [x[-1, :, :d] for x, d in zip(pooled("cpu"), (4, 8))] + [pooled("cpu")[0][-1]]
