@@ -105,8 +105,9 @@ def main():
             with Counter() as backward:
                 terms.sum().backward()
             row[form] = {"ops": {"forward": forward.count, "backward": backward.count}}
+        order = (("loop", loop), ("batched", batched))
         for i in range(args.rounds):
-            for form, fn in ((("loop", loop), ("batched", batched)) if i % 2 == 0 else (("batched", batched), ("loop", loop))):
+            for form, fn in order if i % 2 == 0 else order[::-1]:
                 start = clock(device)
                 run(fn, inputs)
                 times[form].append(clock(device) - start)
