@@ -127,18 +127,17 @@ def _prefix_columns(dims: tuple, D: int) -> tuple:
         cols += [j if j < lo else j - first + lo if first <= j < first + hi else D for j in range(D)]
     return tuple(cols)
 
-def _prefix_stack(x: torch.Tensor, dims) -> torch.Tensor:
-    "x [B, D] -> [K, B, D]: each prefix x[:, :d], its first half at the start of the row's first half and its second half at the start of the second, zeros elsewhere (one gather): the prefix's norms, cosines and AnglE halves."
-    D = x.shape[-1]
-    cols = constant(_prefix_columns(tuple(dims), D), x.device)
-    return F.pad(x, (0, 1)).index_select(-1, cols).unflatten(-1, (len(dims), D)).movedim(-2, 0)
+def _prefix_stack(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    "x [B, D] -> [K, B, D] by _prefix_columns (on x's device): each prefix x[:, :d], its first half at the start of the row's first half and its second half at the start of the second, zeros elsewhere (one gather): the prefix's norms, cosines and AnglE halves."
+    return F.pad(x, (0, 1)).index_select(-1, cols).unflatten(-1, (-1, x.shape[-1])).movedim(-2, 0)
 
 def _on_prefixes(objective: Callable, even: bool) -> Callable:
     "objective on every prefix d of a, b [B, D] at once -> [len(dims)]: its stacked form on the two _prefix_stacks."
     def prefixes(a, b, dims, target=None, **options):
         for d in dims if even else ():
             _check_even(d)
-        return objective(_prefix_stack(a, dims), _prefix_stack(b, dims), target, **options)
+        cols = constant(_prefix_columns(tuple(dims), a.shape[-1]), a.device)          # one table for both sides
+        return objective(_prefix_stack(a, cols), _prefix_stack(b, cols), target, **options)
     return prefixes
 
 # and their batched prefix forms (MRL.prefix_terms off the CPU), as info_nce_prefixes is InfoNCE's
