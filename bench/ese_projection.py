@@ -7,13 +7,17 @@ ESE (07_losses) pulls the first k dims of every layer towards x @ U_k S_k, the t
 A = softmax(x^T x / sqrt(D)), on the 2B texts of a batch. The inputs are the model's pooled vectors of --texts STS-B
 sentences at the layers ESE compresses (the last and hidden states 0..L-2). Routes, each timed for all those layers:
   svd64        torch.linalg.svd of each A in float64, one layer at a time (the definition)
-  eigh64       the library's ese_projection: eigh of A A^T in float64, every layer in one batched call
+  eigh64       the library's ese_projection with side_by_side=False: eigh of A A^T in float64, every layer in one
+              batched call
+  eigh64_side_by_side  the library's route: the same with each layer's eigh on a host thread and (on CUDA) a stream
+              of its own (the same routine per matrix, so the same numbers: max_diff_side_by_side)
   eigh64_host  the same eigendecomposition on the host's CPU cores (A A^T copied over and U S back)
   eigh64_threads  the same on the host, each layer's matrix in a thread of its own (one torch thread each: the layers
               side by side on as many cores)
   eigh32       the same in float32 (for the record: S^2 spans below float32's resolution)
   svd32        torch.linalg.svd in float32, one layer at a time
-  eigh64_magma eigh64 with MAGMA as torch's linear-algebra library (CUDA only; cuSOLVER is its default)
+  eigh64_magma eigh64 (one batched call) with MAGMA as torch's linear-algebra library (CUDA only; cuSOLVER is its
+              default)
   lowrank      the ESE authors' torch.svd_lowrank(A, q=k) in float32, every layer at once: a randomised range
               finder with 2 power iterations (seeded here), so not the exact U_k S_k: its error is the point
 Each route's error is ||P - P_svd64|| / ||P_svd64|| over all layers, and its worst column's. Every round times each
@@ -88,7 +92,7 @@ def magma_route(x, k):
     before = torch.backends.cuda.preferred_linalg_library()
     torch.backends.cuda.preferred_linalg_library("magma")
     try:
-        return ese_projection(x, k)
+        return ese_projection(x, k, side_by_side=False)
     finally:
         torch.backends.cuda.preferred_linalg_library(before)
 
@@ -122,13 +126,16 @@ def main():
     N = enc.num_layers
     x = E[[N, *range(N - 1)]].to(device)              # the layers ESE compresses
     pool = ThreadPoolExecutor(min(len(x), os.cpu_count() or 1))
-    routes = {"svd64": lambda: svd_route(x, args.k, torch.float64), "eigh64": lambda: ese_projection(x, args.k),
+    routes = {"svd64": lambda: svd_route(x, args.k, torch.float64),
+              "eigh64": lambda: ese_projection(x, args.k, side_by_side=False),
+              "eigh64_side_by_side": lambda: ese_projection(x, args.k, side_by_side=True),
               "eigh64_host": lambda: host_route(x, args.k), "eigh64_threads": lambda: threads_route(x, args.k, pool),
               "eigh32": lambda: eigh32_route(x, args.k), "svd32": lambda: svd_route(x, args.k, torch.float32),
               "lowrank": lambda: lowrank_route(x, args.k)}
     if device.type == "cuda":
         routes["eigh64_magma"] = lambda: magma_route(x, args.k)
     ref = routes["svd64"]().double()
+    same = float((routes["eigh64_side_by_side"]() - routes["eigh64"]()).abs().max())
     err = {}
     for name, fn in routes.items():
         got = fn().double()
@@ -145,10 +152,11 @@ def main():
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, {x.shape[0]} layers of "
           f"[{x.shape[1]}, {x.shape[2]}], k {args.k}")
     for n in names:
-        print(f"{n:14s} {med[n]:8.2f} ms   rel error {err[n]['rel']:.1e}   worst column {err[n]['worst_column']:.1e}")
+        print(f"{n:20s} {med[n]:8.2f} ms   rel error {err[n]['rel']:.1e}   worst column {err[n]['worst_column']:.1e}")
     result = {"device": str(device), "layers": x.shape[0], "rows": x.shape[1], "D": x.shape[2], "k": args.k,
               "ms": {n: round(v, 3) for n, v in med.items()}, "error": err,
-              "svd64_over_eigh64": round(med["svd64"] / med["eigh64"], 2)}
+              "svd64_over_eigh64": round(med["svd64"] / med["eigh64"], 2),
+              "eigh64_over_side_by_side": round(med["eigh64"] / med["eigh64_side_by_side"], 2), "max_diff_side_by_side": same}
     print(json.dumps(result))
     if args.out:
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,8 +21,8 @@ from .methods import Method, register
 # %% auto #0
 __all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
            'info_nce_prefixes', 'info_nce_stacked', 'cosent', 'angle', 'in_batch_negatives', 'angle_objective',
-           'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'ese_projection', 'distill',
-           'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
+           'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'eigh_side_by_side',
+           'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
@@ -315,11 +316,53 @@ class TwoDMSE:
         return LossOutput(total, parts)
 
 # %% ../nbs/07_losses.ipynb #06c028
+_EIGH_WORKERS: dict = {}       # device -> (thread pool, side streams), made by the first side-by-side call that needs them
+
+def _eigh_workers(device: torch.device, n: int) -> tuple[ThreadPoolExecutor, list]:
+    "A pool of n host threads and, on CUDA, n streams of device's: made once, remade larger when n grows."
+    pool, streams = _EIGH_WORKERS.get(device, (None, []))
+    if pool is None or len(streams) < n:
+        if pool is not None:
+            pool.shutdown(wait=False)
+        pool = ThreadPoolExecutor(n, thread_name_prefix="matryoshka-eigh")
+        streams = [torch.cuda.Stream(device) if device.type == "cuda" else None for _ in range(n)]
+        _EIGH_WORKERS[device] = pool, streams
+    return pool, streams
+
+def eigh_side_by_side(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "torch.linalg.eigh of every matrix of M [n, D, D] (eigenvalues [n, D], eigenvectors [n, D, D]), each on a host thread and, on CUDA, a stream of its own."
+    lam, U = M.new_empty(M.shape[:-1]), torch.empty_like(M)
+    pool, streams = _eigh_workers(M.device, len(M))
+    main = torch.cuda.current_stream(M.device) if M.device.type == "cuda" else None
+    if main is not None:
+        ready = torch.cuda.Event()
+        ready.record(main)                            # M is made on the caller's stream
+
+    def one(i: int) -> None:
+        if main is None:
+            torch.linalg.eigh(M[i], out=(lam[i], U[i]))
+            return
+        with torch.cuda.stream(streams[i]):           # a thread's current stream is its own
+            streams[i].wait_event(ready)
+            torch.linalg.eigh(M[i], out=(lam[i], U[i]))
+
+    list(pool.map(one, range(len(M))))                # re-raises a worker's error
+    if main is not None:
+        for stream in streams[: len(M)]:
+            main.wait_stream(stream)
+    return lam, U
+
 @torch.no_grad()
-def ese_projection(x: torch.Tensor, k: int) -> torch.Tensor:
-    "ESE's compression target for x [..., B, D]: x @ U_k S_k, the top-k singular pairs of A = softmax(x^T x / sqrt(D)) -> [..., B, k] (no gradient)."
+def ese_projection(x: torch.Tensor, k: int, side_by_side: bool = True) -> torch.Tensor:
+    "ESE's compression target for x [..., B, D]: x @ U_k S_k, the top-k singular pairs of A = softmax(x^T x / sqrt(D)) -> [..., B, k] (no gradient); the layers' eigendecompositions side by side unless side_by_side=False."
     A = torch.softmax(x.mT @ x / math.sqrt(x.shape[-1]), dim=-1).double()      # [..., D, D]
-    lam, U = torch.linalg.eigh(A @ A.mT)               # A A^T = U S^2 U^T (eigenvalues ascending): A's U and S exactly
+    M = A @ A.mT                                       # A A^T = U S^2 U^T (eigenvalues ascending): A's U and S exactly
+    batch = M.shape[:-2]
+    if side_by_side and math.prod(batch) > 1:
+        lam, U = eigh_side_by_side(M.reshape(-1, *M.shape[-2:]))
+        lam, U = lam.view(*batch, -1), U.view(M.shape)
+    else:
+        lam, U = torch.linalg.eigh(M)
     U, S = U[..., -k:].flip(-1), lam[..., -k:].flip(-1).clamp_min(0).sqrt()
     U = U * torch.sign(U.gather(-2, U.abs().argmax(-2, keepdim=True)))          # fix each vector's sign: largest entry > 0
     return (x.double() @ (U * S[..., None, :])).to(x.dtype)
@@ -369,7 +412,7 @@ class ESE:
             raise ValueError(f"compression_size {self.compression_size} must be smaller than the embedding size {D}")
         layers = [N, *range(N - 1)]                    # the last hidden state and the authors' shallow ones
         rows, targets = constant(layers, a.device), None
-        if self.compress:                              # every layer's target from one batched eigendecomposition
+        if self.compress:                              # every layer's target in one call, their decompositions side by side
             xy = torch.cat([a, b], 1) if self.compress_views == "both" else a
             targets = ese_projection(xy.index_select(0, rows), self.compression_size)    # [len(layers), rows, k]
         batched = getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu"
