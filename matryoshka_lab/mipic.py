@@ -275,7 +275,7 @@ def _layer_states(out: EncoderOutput, layers: Sequence[int]) -> torch.Tensor:
     rows = [_row(out, layer) for layer in layers]
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return _tokens(out)[rows[0]: rows[-1] + 1]
-    return _tokens(out)[rows]
+    return _tokens(out).index_select(0, constant(rows, out.hidden.device))     # a list would be copied to the device each step
 
 class _SelfDistillation:
     "MIPIC's self-distillation terms of one view: L_SIA + L_PIC from its token states, with named parts."
