@@ -82,6 +82,10 @@ def candidate_mask(mask: torch.Tensor, anchor: str = "cls") -> torch.Tensor:
     positions = torch.arange(mask.shape[-1], device=mask.device)
     return mask.bool() & (positions != anchor_index(mask)[:, None])
 
+def _candidates(mask: torch.Tensor, anchor: str, keep: torch.Tensor | None) -> torch.Tensor:
+    "candidate_mask(mask, anchor), unless the caller made it already (keep)."
+    return candidate_mask(mask, anchor) if keep is None else keep
+
 def anchor_states(h: torch.Tensor, mask: torch.Tensor, anchor: str = "cls") -> torch.Tensor:
     "The anchor of every row: h [..., B, T, D] -> [..., B, D], the [CLS] token's state or the mean over the real tokens."
     if anchor == "pooled":
@@ -94,48 +98,49 @@ def masked_log_softmax(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(~keep, torch.finfo(x.dtype).min).log_softmax(-1)
 
 def teacher_attention(h: torch.Tensor, mask: torch.Tensor, tau: float = 0.05, detach: bool = False,
-                      anchor: str = "cls") -> tuple[torch.Tensor, torch.Tensor]:
-    "Eq. 4: scores s^(D) [..., B, T] = h_CLS . h_j / sqrt(D) and log a_D [..., B, T] over the candidates; h_CLS fixed, all of it if detach."
+                      anchor: str = "cls", keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Eq. 4: scores s^(D) [..., B, T] = h_CLS . h_j / sqrt(D) and log a_D [..., B, T] over the candidates (keep: their mask, if made); h_CLS fixed, all of it if detach."
     scores = torch.einsum("...bd,...btd->...bt", anchor_states(h, mask, anchor).detach(), h) / math.sqrt(h.shape[-1])
     if detach:
         scores = scores.detach()
-    return scores, masked_log_softmax(scores / tau, candidate_mask(mask, anchor))
+    return scores, masked_log_softmax(scores / tau, _candidates(mask, anchor, keep))
 
 # %% ../nbs/15_mipic.ipynb #11c012
 def student_attention(h: torch.Tensor, mask: torch.Tensor, projections: Sequence[torch.Tensor],
-                      tau: float = 0.05, anchor: str = "cls") -> torch.Tensor:
-    "Eq. 5: log a_i [K, ..., B, T] of the d_i-prefixes of h [..., B, T, D] up-projected by P_i [d_i, D]; the anchor is detached."
+                      tau: float = 0.05, anchor: str = "cls", keep: torch.Tensor | None = None) -> torch.Tensor:
+    "Eq. 5: log a_i [K, ..., B, T] of the d_i-prefixes of h [..., B, T, D] up-projected by P_i [d_i, D] (keep: the candidates' mask, if made); the anchor is detached."
     D = h.shape[-1]
     cls = anchor_states(h, mask, anchor).detach()                                # [..., B, D], fixed reference
     q = torch.stack([F.pad(cls @ P.T, (0, D - P.shape[0])) for P in projections])  # [K, ..., B, D]: P_i h_CLS, 0 past d_i
     scores = torch.einsum("k...bc,...btc->k...bt", q, h) / math.sqrt(D)           # zero padding = truncation of h_j
-    return masked_log_softmax(scores / tau, candidate_mask(mask, anchor))
+    return masked_log_softmax(scores / tau, _candidates(mask, anchor, keep))
 
-def attention_kl(log_student: torch.Tensor, log_teacher: torch.Tensor, mask: torch.Tensor, anchor: str = "cls") -> torch.Tensor:
-    "Eq. 6: KL(a_i || a_D) per row [..., B] from log-probabilities [..., B, T]; 0 for a row without candidates."
-    keep = candidate_mask(mask, anchor)
-    return (log_student.exp() * (log_student - log_teacher) * keep).sum(-1)
+def attention_kl(log_student: torch.Tensor, log_teacher: torch.Tensor, mask: torch.Tensor, anchor: str = "cls",
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+    "Eq. 6: KL(a_i || a_D) per row [..., B] from log-probabilities [..., B, T] (keep: the candidates' mask, if made); 0 for a row without candidates."
+    return (log_student.exp() * (log_student - log_teacher) * _candidates(mask, anchor, keep)).sum(-1)
 
 # %% ../nbs/15_mipic.ipynb #11c015
 def gamma_schedule(n: int, low: float = 0.2, high: float = 0.7) -> tuple[float, ...]:
     "App. A.5's linear top-k ratios for n aligned dims: linspace(low, high, n) (the paper's 0.2..0.7 for n = 6)."
     return (low,) if n == 1 else tuple(round(low + i * (high - low) / (n - 1), 10) for i in range(n))
 
-def topk_sizes(mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8, anchor: str = "cls") -> torch.Tensor:
-    "k_i = min(max(k_min, ceil(gamma_i * m)), #candidates) per dim and row: mask [B, T] -> long [K, B]."
+def topk_sizes(mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8, anchor: str = "cls",
+               keep: torch.Tensor | None = None) -> torch.Tensor:
+    "k_i = min(max(k_min, ceil(gamma_i * m)), #candidates) per dim and row: mask [B, T] -> long [K, B] (keep: the candidates' mask, if made)."
     m = mask.sum(-1).double()                                                       # real tokens per row
     g = constant(gammas, mask.device, torch.float64)[:, None]
     k = torch.ceil(g * m - 1e-9).clamp_min(k_min)
-    return torch.minimum(k, candidate_mask(mask, anchor).sum(-1).double()).long()
+    return torch.minimum(k, _candidates(mask, anchor, keep).sum(-1).double()).long()
 
 def topk_tokens(scores: torch.Tensor, mask: torch.Tensor, gammas: Sequence[float], k_min: int = 8,
-                anchor: str = "cls") -> torch.Tensor:
-    "Nested hard top-k selections (App. A.5): bool [K, ..., B, T], the k_i highest-scoring candidates of scores [..., B, T]."
-    keep = candidate_mask(mask, anchor)
+                anchor: str = "cls", keep: torch.Tensor | None = None) -> torch.Tensor:
+    "Nested hard top-k selections (App. A.5): bool [K, ..., B, T], the k_i highest-scoring candidates of scores [..., B, T] (keep: the candidates' mask, if made)."
+    keep = _candidates(mask, anchor, keep)
     order = scores.masked_fill(~keep, float("-inf")).argsort(dim=-1, descending=True, stable=True)
     positions = torch.arange(scores.shape[-1], device=scores.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(-1, order, positions)                  # rank of every token in its row
-    k = topk_sizes(mask, gammas, k_min, anchor)                                     # [K, B]
+    k = topk_sizes(mask, gammas, k_min, anchor, keep)                               # [K, B]
     k = k.view(k.shape[0], *[1] * (scores.dim() - 2), k.shape[1], 1)              # [K, 1.., B, 1]
     return (rank < k) & keep
 
@@ -196,17 +201,18 @@ def sia_terms(h: torch.Tensor, mask: torch.Tensor, dims: Sequence[int], gammas: 
               use_cka: bool = True, detach_teacher: bool = True,
               detach_att_teacher: bool = False, anchor: str = "cls") -> tuple[torch.Tensor | None, torch.Tensor | None]:
     "Batch means of Eq. 6 (if projections) and Eq. 12 (if use_cka) for every layer of h [L, B, T, D] and dim: [L, K] each."
-    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher, anchor)   # [L, B, T]
+    keep = candidate_mask(mask, anchor)                                                 # made once for every term
+    scores, log_teacher = teacher_attention(h, mask, tau, detach_att_teacher, anchor, keep)   # [L, B, T]
     scores = scores.detach()                                                            # top-k only ranks them
     att = cka = None
     if projections is not None:
-        kl = attention_kl(student_attention(h, mask, projections, tau, anchor), log_teacher, mask, anchor)   # [K, L, B]
-        att = _row_mean(kl, candidate_mask(mask, anchor).any(-1)).T
+        log_student = student_attention(h, mask, projections, tau, anchor, keep)
+        att = _row_mean(attention_kl(log_student, log_teacher, mask, anchor, keep), keep.any(-1)).T   # [K, L, B] -> [L, K]
     if use_cka:
         if topk:
-            select = topk_tokens(scores, mask, gammas, k_min, anchor)                  # [K, L, B, T], nested
+            select = topk_tokens(scores, mask, gammas, k_min, anchor, keep)            # [K, L, B, T], nested
         else:
-            select = candidate_mask(mask, anchor).expand(len(dims), *scores.shape)
+            select = keep.expand(len(dims), *scores.shape)
         cka = _row_mean(1 - prefix_cka(h, select, dims, detach_teacher), select.sum(-1) >= 2).T
     return att, cka
 
