@@ -2,15 +2,16 @@
 
     python bench/loss_forms.py [--device cuda] [--batch-size 256] [--rounds 20] [--out FILE]
 
-Off the CPU three losses compute their terms at once instead of one after another (07_losses, 15_mipic): MRL's
+Off the CPU four losses compute their terms at once instead of one after another (07_losses, 15_mipic): MRL's
 prefixes (`info_nce_prefixes` under InfoNCE; under AnglE's three terms, `angle_objective.prefixes`: every prefix laid
-out in its halves, zero-padded), ESE's layers (`ESE.stacked_terms`, under InfoNCE and under AnglE) and MIPIC's PIC
-steps (`info_nce_stacked` on the steps zero-padded to the widest); AnglE's gold scores here are random, 0-5. On a GPU
+out in its halves, zero-padded), 2DMSE's two layers per width (`TwoDMSE.stacked_terms`), ESE's layers
+(`ESE.stacked_terms`), each under InfoNCE and under AnglE, and MIPIC's PIC steps (`info_nce_stacked` on the steps
+zero-padded to the widest); AnglE's gold scores here are random, 0-5. On a GPU
 a step is bound by the host issuing kernels, so the batched forms are there to issue fewer; on the CPU they can cost
 more flops than the launches they save, and the CPU keeps the loops.
 Each pair is run here on the same seeded inputs of the embedded model's shape (hidden states 0..6 of a [B, 384]
-pooled embedding, the MRL dims 16..384, ESE's k = 128 with its targets computed once for both forms, MIPIC's
-default PIC chain): `ops` counts the aten operations each form dispatches, views apart, forward and backward (a
+pooled embedding, the MRL dims 16..384, 2DMSE's four objective terms with hidden state 3 and prefix 64 drawn, ESE's
+k = 128 with its targets computed once for both forms, MIPIC's default PIC chain): `ops` counts the aten operations each form dispatches, views apart, forward and backward (a
 TorchDispatchMode: the same on every run); `ms` is the median of --rounds timed forward + backward passes, the forms
 alternating; `loop_over_batched` is the ratio of those medians, measured in this run; `max_abs_diff` compares the
 forms' values. The last line is one JSON object; --out also writes it with what made it.
@@ -26,7 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from matryoshka_lab.core import provenance, resolve_device
-from matryoshka_lab.losses import ESE, angle_objective, ese_projection, info_nce, info_nce_prefixes, info_nce_stacked
+from matryoshka_lab.losses import (ESE, TwoDMSE, angle_objective, ese_projection, info_nce, info_nce_prefixes,
+                                   info_nce_stacked)
 from matryoshka_lab.mipic import MIPIC, anchor_states
 from matryoshka_lab.runs import write_json
 from timing import clock                          # bench/ is the script's folder
@@ -58,6 +60,8 @@ def forms(device, batch_size, gen):
     chain = lambda s: [s[layer, :, :d] for layer, d in mipic.pic_checkpoints]
     pic = lambda s: ([phi(z) for phi, z in zip(mipic.projectors, chain(s))], chain(s)[1:])
     ese_terms = lambda out: torch.stack([out.total, *out.parts.values()])     # the parts are detached: total's backward
+    cells = {"last_full": (LAYERS, D), "shallow_full": (3, D), "last_prefix": (LAYERS, 64), "shallow_prefix": (3, 64)}
+    two_d = lambda terms: torch.stack(list(terms.values()))
     return {
         "mrl": ((a[-1], b[-1]),
                 lambda x, y: torch.stack([info_nce(x[:, :d], y[:, :d]) for d in DIMS]),
@@ -65,6 +69,12 @@ def forms(device, batch_size, gen):
         "mrl_angle": ((a[-1], b[-1]),
                       lambda x, y: torch.stack([angle_objective(x[:, :d], y[:, :d], score) for d in DIMS]),
                       lambda x, y: angle_objective.prefixes(x, y, DIMS, score)),
+        "2dmse": ((a, b),
+                  lambda x, y: two_d(TwoDMSE(info_nce).looped_terms(x, y, None, cells)),
+                  lambda x, y: two_d(TwoDMSE(info_nce).stacked_terms(x, y, None, cells))),
+        "2dmse_angle": ((a, b),
+                        lambda x, y: two_d(TwoDMSE(angle_objective).looped_terms(x, y, score, cells)),
+                        lambda x, y: two_d(TwoDMSE(angle_objective).stacked_terms(x, y, score, cells))),
         "ese": ((a, b),
                 lambda x, y: ese_terms(ese.looped_terms(x, y, None, layers, targets)),
                 lambda x, y: ese_terms(ese.stacked_terms(x, y, None, layers, targets))),
@@ -117,7 +127,7 @@ def main():
         row["max_abs_diff"] = float((run(loop, inputs) - run(batched, inputs)).abs().max())
         result[name] = row
         ops = {form: sum(row[form]["ops"].values()) for form in ("loop", "batched")}
-        print(f"{name:9s} ops loop {ops['loop']:5d} batched {ops['batched']:5d} | ms loop {row['loop']['ms']:8.3f} "
+        print(f"{name:11s} ops loop {ops['loop']:5d} batched {ops['batched']:5d} | ms loop {row['loop']['ms']:8.3f} "
               f"batched {row['batched']['ms']:8.3f} ({row['loop_over_batched']}x) | max diff {row['max_abs_diff']:.2e}")
     print(json.dumps(result))
     if args.out:

@@ -300,20 +300,31 @@ class TwoDMSE:
         if dim is None:
             dim = sizes[int(torch.randint(len(sizes), (1,), generator=generator))]
         _check_size(dim, D)
-        obj, lam = self.objective, self.lambdas
-        name = getattr(obj, "__name__", "loss")
-        terms = {"last_full": (f"L{N}/d{D}/{name}", lambda: obj(a[N], b[N], target)),
-                 "shallow_full": (f"L{layer}/d{D}/{name}", lambda: obj(a[layer], b[layer], target)),
-                 "last_prefix": (f"L{N}/d{dim}/{name}", lambda: obj(a[N, :, :dim], b[N, :, :dim], target)),
-                 "shallow_prefix": (f"L{layer}/d{dim}/{name}", lambda: obj(a[layer, :, :dim], b[layer, :, :dim], target)),
-                 "align": (f"L{layer}/align", lambda: self.align(a, b, layer, dim))}
+        lam, name = self.lambdas, getattr(self.objective, "__name__", "loss")
+        cells = {term: cell for term, cell in zip(TWO_D_TERMS, ((N, D), (layer, D), (N, dim), (layer, dim))) if lam[term]}
+        batched = getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu"
+        values = (self.stacked_terms if batched else self.looped_terms)(a, b, target, cells)
+        if lam["align"]:
+            values["align"] = self.align(a, b, layer, dim)
         total, parts = 0.0, {}
-        for term, (label, fn) in terms.items():
-            if lam[term]:
-                value = fn()
-                total = total + lam[term] * value
-                parts[label] = value.detach()
+        for term, value in values.items():                          # TWO_D_TERMS' order
+            total = total + lam[term] * value
+            parts[f"L{layer}/align" if term == "align" else f"L{cells[term][0]}/d{cells[term][1]}/{name}"] = value.detach()
         return LossOutput(total, parts)
+
+    def looped_terms(self, a: torch.Tensor, b: torch.Tensor, target, cells: dict) -> dict:
+        "The objective on each term's cell {term: (layer, width)} of a, b [L+1, B, D], one after another (the CPU's form, every committed run's) -> {term: value}."
+        return {term: self.objective(a[n, :, :w], b[n, :, :w], target) for term, (n, w) in cells.items()}
+
+    def stacked_terms(self, a: torch.Tensor, b: torch.Tensor, target, cells: dict) -> dict:
+        "looped_terms' values with the two layers at once per width (the objective's `stacked` form: a GPU's few launches, the loop's numbers to float order)."
+        layers = list(dict.fromkeys(n for n, _ in cells.values()))                   # the last layer, the shallow one
+        rows = constant(layers, a.device)
+        x, y, values = a.index_select(0, rows), b.index_select(0, rows), {}
+        for w in dict.fromkeys(w for _, w in cells.values()):                          # full width, then the prefix
+            both = self.objective.stacked(x[..., :w], y[..., :w], target)              # [len(layers)]
+            values.update({t: both[layers.index(n)] for t, (n, width) in cells.items() if width == w})
+        return {term: values[term] for term in cells}
 
 # %% ../nbs/07_losses.ipynb #06c028
 _EIGH_WORKERS: dict = {}       # device -> (thread pool, side streams), made by the first side-by-side call that needs them

@@ -55,10 +55,10 @@ def test_dim_sampling_keeps_the_full_size():
 
 
 def test_the_batched_forms_run_off_the_cpu(monkeypatch):
-    """Off the CPU, MRL's prefixes, ESE's layers and MIPIC's PIC steps take their batched forms, which CI has no GPU
-    to run: on the meta device (shapes without values) each loss, built as the trainer builds it (its objective a
-    closure over the temperature), runs forward and backward through them, and MRL and ESE name their parts as the
-    CPU's loops do."""
+    """Off the CPU, MRL's prefixes, 2DMSE's and ESE's layers and MIPIC's PIC steps take their batched forms, which CI
+    has no GPU to run: on the meta device (shapes without values) each loss, built as the trainer builds it (its
+    objective a closure over the temperature), runs forward and backward through them, and MRL, 2DMSE and ESE name
+    their parts as the CPU's loops do."""
     from matryoshka_lab import losses, mipic
     from matryoshka_lab.config import make_config
     from matryoshka_lab.trainer import make_loss
@@ -71,6 +71,7 @@ def test_the_batched_forms_run_off_the_cpu(monkeypatch):
     for objective in (info_nce, cosent, losses.angle_objective):
         monkeypatch.setattr(objective, "prefixes", spy("prefixes", objective.prefixes))
     monkeypatch.setattr(ESE, "stacked_terms", spy("stacked_terms", ESE.stacked_terms))
+    monkeypatch.setattr(TwoDMSE, "stacked_terms", spy("stacked_terms", TwoDMSE.stacked_terms))
     monkeypatch.setattr(mipic, "info_nce_stacked", spy("info_nce_stacked", losses.info_nce_stacked))
 
     def pooled(device):
@@ -78,15 +79,18 @@ def test_the_batched_forms_run_off_the_cpu(monkeypatch):
         return [torch.randn(4, 6, 16, generator=g).to(device).requires_grad_() for _ in range(2)]
 
     for method, objective, form in (("mrl", "simcse", "prefixes"), ("mrl", "cosent", "prefixes"),
-                                    ("mrl", "angle", "prefixes"), ("ese", "simcse", "stacked_terms"),
+                                    ("mrl", "angle", "prefixes"), ("2dmse", "simcse", "stacked_terms"),
+                                    ("2dmse", "angle", "stacked_terms"), ("ese", "simcse", "stacked_terms"),
                                     ("ese", "angle", "stacked_terms")):
         cfg = make_config({"method": method, "objective": objective, "dims": [4, 8, 16],
                            "loss_options": {"compression_size": 4} if method == "ese" else {}})
         loss = make_loss(cfg, hidden_size=16, num_layers=3)
         score = None if objective == "simcse" else torch.arange(6.0)
+        torch.manual_seed(0)                                            # 2DMSE's layer and prefix draws
         cpu = loss(*pooled("cpu"), score)
         assert not calls, (method, objective, calls)                 # the CPU keeps its loops
         a, b = pooled("meta")
+        torch.manual_seed(0)
         res = loss(a, b, None if score is None else score.to("meta"))
         assert calls == [form] and res.total.device.type == "meta", (method, objective, calls)
         assert list(res.parts) == list(cpu.parts), (method, objective)
