@@ -341,7 +341,7 @@ def _eigh_workers(device: torch.device, n: int) -> tuple[ThreadPoolExecutor, lis
     return pool, streams
 
 def eigh_side_by_side(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    "torch.linalg.eigh of every matrix of M [n, D, D] (eigenvalues [n, D], eigenvectors [n, D, D]), each on a host thread and, on CUDA, a stream of its own."
+    "torch.linalg.eigh of every matrix of M [n, D, D] (eigenvalues [n, D], eigenvectors [n, D, D]), each on a host thread and, on CUDA, a stream of its own; no gradient."
     lam, U = M.new_empty(M.shape[:-1]), torch.empty_like(M)
     pool, streams = _eigh_workers(M.device, len(M))
     main = torch.cuda.current_stream(M.device) if M.device.type == "cuda" else None
