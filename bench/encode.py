@@ -213,7 +213,7 @@ def main():
         print(f"{prec}: {rate[prec] / 1e9:.1f} useful GFLOP/s = {result[f'fraction_of_matmul_peak_{prec}']:.0%} of a 2048^3 "
               f"matmul ({peak[prec] / 1e9:.1f}), {result[f'fraction_of_shaped_matmul_{prec}']:.0%} of a {tokens_per_batch}x{D}x{I} one "
               f"({shaped[prec] / 1e9:.1f}); largest ops " + ", ".join(f"{k} {v:.0%}" for k, v in ops[prec][:4]))
-        print(f"  spread (GFLOP/s, min / median / max): the pass "
+        print("  spread (GFLOP/s, min / median / max): the pass "
               + " / ".join(map(str, result["gflops_useful_per_s_spread"][prec].values()))
               + f"; {result['matmul_trials']} interleaved trials: 2048^3 "
               + " / ".join(map(str, result["gflops_matmul_peak_spread"][prec].values()))

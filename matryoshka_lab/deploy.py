@@ -113,7 +113,7 @@ def funnel_curve(queries: np.ndarray, corpus: np.ndarray, qrels, prefixes=(32, 6
     timed = q[np.random.default_rng(seed).choice(len(q), min(n_timed, len(q)), replace=False)]
     rows = [timed[i:i + 1] for i in range(len(timed))]
     previous = faiss.omp_get_max_threads()
-    setups, searches, built = {}, {}, {}
+    setups, built = {}, {}
     try:
         exact = build_index(unit_prefix(c, D))
         setups[("exact", "float32", "flat", D, k)] = lambda x, n=k: exact.search(unit_prefix(x, D), n)[1]

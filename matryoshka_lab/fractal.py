@@ -242,7 +242,7 @@ def _level_weights(terms_per_row: list, B: int) -> dict:
 def fractal_step(head: FractalHead, cfg, sup: Supervision, h: torch.Tensor, y: tuple, pos_h: dict,
                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
     "Eq. 3 and its authors' variants for one batch: h [B, H], labels y (one [B] tensor per level), pos_h {level: positives' vectors [B, H]} -> (total, parts); sum(parts) == total."
-    B, J = len(h), len(cfg.prefix_probs)
+    B = len(h)
     levels = sorted(pos_h)
     out = head(torch.cat([h, h] + [pos_h[v] for v in levels]))          # full-branch and prefix-branch anchors, positives: one pass, own dropout per row
     e_full, e_pre = out[:B], out[B:2 * B]
