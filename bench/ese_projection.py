@@ -156,7 +156,8 @@ def main():
     result = {"device": str(device), "layers": x.shape[0], "rows": x.shape[1], "D": x.shape[2], "k": args.k,
               "ms": {n: round(v, 3) for n, v in med.items()}, "error": err,
               "svd64_over_eigh64": round(med["svd64"] / med["eigh64"], 2),
-              "eigh64_over_side_by_side": round(med["eigh64"] / med["eigh64_side_by_side"], 2), "max_diff_side_by_side": same}
+              "eigh64_over_side_by_side": round(med["eigh64"] / med["eigh64_side_by_side"], 2),
+              "max_diff_side_by_side": same}
     print(json.dumps(result))
     if args.out:
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -66,10 +66,10 @@ import warnings
 
 import torch
 
+from matryoshka_lab import losses as losses_module
 from matryoshka_lab.config import TrainConfig
 from matryoshka_lab.core import provenance, resolve_device
 from matryoshka_lab.data import load_task
-from matryoshka_lab import losses as losses_module
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.losses import ese_projection
 from matryoshka_lab.methods import Callback, TrainData

@@ -6,15 +6,16 @@ Off the CPU four losses compute their terms at once instead of one after another
 prefixes (`info_nce_prefixes` under InfoNCE; under AnglE's three terms, `angle_objective.prefixes`: every prefix laid
 out in its halves, zero-padded), 2DMSE's two layers per width (`TwoDMSE.stacked_terms`), ESE's layers
 (`ESE.stacked_terms`), each under InfoNCE and under AnglE, and MIPIC's PIC steps (`info_nce_stacked` on the steps
-zero-padded to the widest); AnglE's gold scores here are random, 0-5. On a GPU
-a step is bound by the host issuing kernels, so the batched forms are there to issue fewer; on the CPU they can cost
-more flops than the launches they save, and the CPU keeps the loops.
+zero-padded to the widest); AnglE's gold scores here are random, 0-5. On a GPU a step is bound by the host issuing
+kernels, so the batched forms are there to issue fewer; on the CPU they can cost more flops than the launches they
+save, and the CPU keeps the loops.
 Each pair is run here on the same seeded inputs of the embedded model's shape (hidden states 0..6 of a [B, 384]
 pooled embedding, the MRL dims 16..384, 2DMSE's four objective terms with hidden state 3 and prefix 64 drawn, ESE's
-k = 128 with its targets computed once for both forms, MIPIC's default PIC chain): `ops` counts the aten operations each form dispatches, views apart, forward and backward (a
-TorchDispatchMode: the same on every run); `ms` is the median of --rounds timed forward + backward passes, the forms
-alternating; `loop_over_batched` is the ratio of those medians, measured in this run; `max_abs_diff` compares the
-forms' values. The last line is one JSON object; --out also writes it with what made it.
+k = 128 with its targets computed once for both forms, MIPIC's default PIC chain): `ops` counts the aten operations
+each form dispatches, views apart, forward and backward (a TorchDispatchMode: the same on every run); `ms` is the
+median of --rounds timed forward + backward passes, the forms alternating; `loop_over_batched` is the ratio of those
+medians, measured in this run; `max_abs_diff` compares the forms' values. The last line is one JSON object; --out also
+writes it with what made it.
 """
 import argparse
 import collections
