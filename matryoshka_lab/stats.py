@@ -130,7 +130,7 @@ def dersimonian_laird(effects, variances, alpha: float = 0.05) -> dict:
 
 # %% ../nbs/14_stats.ipynb #14c034
 def compare_conditions(values: dict, reference: str, alpha: float = 0.05) -> pd.DataFrame:
-    "Each condition vs the reference over matched seeds (condition -> [N]): n, mean, sd, mean_diff, t, df, p, Holm p_adj, reject, d (reference - condition)."
+    "Each condition vs the reference over matched seeds (condition -> [N]): n, mean, sd, mean_diff, t, df, p, Holm p_adj, reject, d (reference - condition); a condition equal to the reference on every seed has t, p nan and enters Holm as p = 1."
     if reference not in values:
         raise ValueError(f"reference {reference!r} is not among the conditions {list(values)}")
     if len(values) < 2:
@@ -146,15 +146,20 @@ def compare_conditions(values: dict, reference: str, alpha: float = 0.05) -> pd.
         rows[name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     others = table.index != reference
-    adj = holm(table.loc[others, "p"], alpha)
+    adj = holm(table.loc[others, "p"].fillna(1.0), alpha)     # nan: no difference at all, never a rejection
     table["p_adj"], table["reject"] = adj.p_adj, adj.reject.astype(object)
     table.index.name = "condition"
     return table[["n", "mean", "sd", "mean_diff", "t", "df", "p", "p_adj", "reject", "d"]]
 
 # %% ../nbs/14_stats.ipynb #14c045b
 def spearman_exact(x, y):
-    "Spearman rho and its two-sided p over all n! orderings of y (exact; scipy's t approximation says p = 0 at rho = 1)."
-    x, y = np.asarray(x, float), np.asarray(y, float)
+    "Spearman rho and its two-sided p over all n! orderings of y (exact; scipy's t approximation says p = 0 at rho = 1); x, y [n], n <= 9, neither constant."
+    x, y = _vector(x, "x"), _vector(y, "y")
+    if len(x) != len(y):
+        raise ValueError(f"x and y must have the same length, got {len(x)} and {len(y)}")
+    for name, v in (("x", x), ("y", y)):
+        if np.ptp(v) == 0:
+            raise ValueError(f"{name} is constant: its ranks all tie and Spearman's rho is undefined")
     if len(x) > 9:
         raise ValueError(f"exact permutation p enumerates n! orderings; n = {len(x)} is too many")
     rho = stats.spearmanr(x, y).statistic
