@@ -187,7 +187,7 @@ RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpo
                      "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
 def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
-    "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved)."
+    "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved); max_steps also when the learning-rate schedule depends on it."
     path = Path(run_dir) / "config.json"
     try:
         saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -198,5 +198,13 @@ def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHAN
     except ValueError:
         pass                                # left as saved: the legacy key shows as a change
     current = json.loads(json.dumps(cfg.to_dict(), default=str))
-    return sorted(k for k in saved if k not in allowed and saved[k] != current.get(k))
+    changed = {k for k in saved if k not in allowed and saved[k] != current.get(k)}
+    if saved.get("max_steps", cfg.max_steps) != cfg.max_steps and not _same_schedule(saved["max_steps"], cfg):
+        changed.add("max_steps")
+    return sorted(changed)
+
+def _same_schedule(max_steps, cfg: TrainConfig) -> bool:
+    "Whether cfg's learning rate at every step is what it was with max_steps: a constant rate after as many warm-up steps (12_trainer's make_optimizer)."
+    warmup = lambda steps: int(cfg.warmup_ratio * steps)
+    return cfg.schedule == "constant" and isinstance(max_steps, int) and warmup(max_steps) == warmup(cfg.max_steps)
 

@@ -466,6 +466,9 @@ class Trainer:
             if ckpt is not None:
                 self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
                                             self.loss_module, self.scaler)
+            if self.step > cfg.max_steps:   # its config.json would say max_steps while its records go further
+                raise ValueError(f"run directory {str(run_dir)!r} holds a run trained to step {self.step}, beyond "
+                                 f"max_steps={cfg.max_steps}; use its model/ folder, or another run_dir")
             # one writer; records after the step it starts from belong to an attempt that died, and are written again
             self.log = RunLog(run_dir, config=cfg.to_dict(), keep_until=self.step) if main else None
             self._loop()

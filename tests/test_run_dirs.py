@@ -191,6 +191,25 @@ def test_a_directory_with_another_runs_records_is_refused_without_checkpoints(ti
         Trainer(make_config(base), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
 
 
+def test_a_resume_never_trains_under_a_schedule_neither_config_has(tiny_encoder, tmp_path):
+    "A new max_steps is refused where the learning-rate schedule spans it, and a checkpoint beyond max_steps always."
+    data = TrainData([f"sentence number {i}" for i in range(40)])
+    base = {"run_dir": str(tmp_path), "max_steps": 4, "batch_size": 4, "dims": [8, 32], "eval_every": -1,
+            "checkpoint_every": 2}
+    Trainer(make_config(base), encoder=tiny_encoder("bert"), data=data, progress=False).fit()   # linear decay to 4
+    before = (tmp_path / "metrics.jsonl").read_text()
+    with pytest.raises(ValueError, match="holds a run with a different config \\(max_steps\\)"):
+        Trainer(make_config({**base, "max_steps": 8}), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
+    constant = {**base, "run_dir": str(tmp_path / "constant"), "schedule": "constant", "warmup_ratio": 0.0}
+    Trainer(make_config(constant), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
+    with pytest.raises(ValueError, match="holds a run trained to step 4, beyond max_steps=2; use its model/ folder"):
+        Trainer(make_config({**constant, "max_steps": 2}), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
+    assert json.loads((tmp_path / "constant" / "config.json").read_text())["max_steps"] == 4
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    Trainer(make_config({**constant, "max_steps": 6}), encoder=tiny_encoder("bert"), data=data, progress=False).fit()
+    assert loss_lines(tmp_path / "constant") == list(range(1, 7))   # a constant rate extends the run
+
+
 # ---- 8. output paths, before the work ----
 @pytest.mark.parametrize("argv", [["eval", "--tasks", "builtin_sts", "--out", "{d}"],
                                   ["fractal", "--dataset", "builtin_intents", "--out", "{d}/x.json"]])
