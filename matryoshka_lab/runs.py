@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def parse_record(line: bytes | str) -> tuple | None:
         rec = json.loads(line)
         return (int(rec["step"]), float(rec.get("time") or 0.0), str(rec.get("split", "train")), str(rec["name"]),
                 math.nan if rec["value"] is None else float(rec["value"]))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):   # inf step, deep garbage
         return None
 
 def array_dir(run_dir: str | Path, name: str) -> Path:
@@ -51,7 +52,7 @@ def array_steps(folder: str | Path) -> list[int]:
     except OSError:
         return []
     steps = [n[5:-4] for n in names if n.startswith("step_") and n.endswith(".npy")]
-    return sorted(int(s) for s in steps if s.isdigit())
+    return sorted(int(s) for s in steps if s.isascii() and s.isdigit())      # not "step_².npy"
 
 # %% ../nbs/06_runs.ipynb #07c005w
 def write_atomic(path: str | Path, text: str) -> Path:
@@ -77,7 +78,7 @@ METRIC_COLUMNS = ["step", "time", "split", "name", "value"]
 class RunLog:
     "The one writer of a run directory: config.json once, metrics.jsonl appended and flushed, arrays/ snapshots."
     def __init__(self, run_dir: str | Path, config: dict | None = None, start_time: float | None = None,
-                 keep_until: int | None = None):   # a restart from step N: records after N (a dead attempt's) are dropped
+                 keep_until: int | None = None):   # a restart from step N: records and snapshots after N (a dead attempt's) are dropped
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.time() if start_time is None else start_time
@@ -90,7 +91,10 @@ class RunLog:
             self._file.write("\n")   # a crash's half-written last line stays alone (and skipped), not glued to ours
 
     def _truncate(self, step: int) -> None:
-        "Rewrite metrics.jsonl with only the complete records of steps <= step (atomically: a reader sees old or new)."
+        "Rewrite metrics.jsonl with only the complete records of steps <= step (atomically: a reader sees old or new); delete the snapshots of later steps."
+        for folder in (self.dir / "arrays").glob("*"):
+            for later in (s for s in array_steps(folder) if s > step):
+                array_file(self.dir, folder.name, later).unlink(missing_ok=True)
         path = self.dir / "metrics.jsonl"
         if not path.is_file():
             return
@@ -159,12 +163,14 @@ class RunLock:
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
                                   "command": " ".join(sys.argv)[:500]}).encode(), 0)
         self._fd = fd
+        _HELD.add(self)
         return self
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)   # closing the descriptor releases the lock
             self._fd = None
+        _HELD.discard(self)
 
     @property
     def held(self) -> bool:
@@ -175,6 +181,18 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+_HELD: weakref.WeakSet = weakref.WeakSet()   # the locks this process holds
+
+def _forget_held_locks() -> None:
+    "In a forked child: close the copies of the held locks' descriptors (the parent holds the locks, not the child)."
+    for lock in list(_HELD):
+        os.close(lock._fd)
+        lock._fd = None
+    _HELD.clear()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_locks)
 
 def _describe(raw: bytes) -> str:
     "The lock holder as a phrase: 'process 123 on host (matryoshka-lab train ...)'."
