@@ -20,11 +20,12 @@ from .data import load_task
 from .diagnostics import DEFAULT_DIAGNOSTICS, TimeBudget, probe_texts, write_diagnostics
 from .encoder import Encoder
 from .eval import evaluate
-from .runs import RunLock, RunLog
+from .runs import RunLock, RunLog, read_run
 from .st_loss import MatryoshkaLabLoss, st_parts
 
 # %% auto #0
-__all__ = ['REPORTS', 'trained_encoder', 'describe_loss', 'calling_trainer', 'RunDirectoryCallback']
+__all__ = ['REPORTS', 'RUN_IDENTITY', 'TRAINING_ARGS', 'trained_encoder', 'describe_loss', 'calling_trainer', 'check_watch_dir',
+           'RunDirectoryCallback']
 
 # %% ../nbs/27_watch.ipynb #27c006
 def trained_encoder(model: nn.Module, tokenizer=None) -> Encoder:
@@ -74,6 +75,34 @@ def calling_trainer():
         frame = frame.f_back
     return None
 
+RUN_IDENTITY = ("source", "model", "hidden_size", "num_layers", "pooling", "max_steps", "loss", "method", "objective",
+                "loss_options", "inner_loss", "matryoshka_dims", "matryoshka_weights", "n_dims_per_step", "n_layers_per_step")
+TRAINING_ARGS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "optim",
+                 "optim_args", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_ratio", "warmup_steps", "num_train_epochs",
+                 "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "data_seed", "bf16", "fp16")
+
+def check_watch_dir(run_dir: str | Path, config: dict, step: int) -> None:
+    "Refuse (ValueError) a run directory holding another run than `config` starting at `step`: another model, loss or training arguments (RUN_IDENTITY, TRAINING_ARGS), records without a config.json, or a finished run started again at step 0."
+    path = Path(run_dir)
+    if not path.is_dir():
+        return
+    run = read_run(path)
+    if not (path / "config.json").is_file():
+        if len(run.metrics) or run.arrays:
+            raise ValueError(f"run directory {str(path)!r} holds records (metrics.jsonl or arrays/) but no config.json: "
+                             "it cannot be told apart from another run; use another run_dir")
+        return
+    saved_args, args = run.config.get("trainer_args") or {}, config.get("trainer_args") or {}
+    changed = [k for k in RUN_IDENTITY if run.config.get(k) != config.get(k)]
+    changed += [f"trainer_args.{k}" for k in TRAINING_ARGS if saved_args.get(k) != args.get(k)]
+    if changed:
+        raise ValueError(f"run directory {str(path)!r} holds another run (its {', '.join(changed)} differ); use another "
+                         "run_dir, or the same model, loss and training arguments to resume it")
+    last = int(run.metrics.step.max()) if len(run.metrics) else 0
+    if step == 0 and last >= config["max_steps"]:
+        raise ValueError(f"run directory {str(path)!r} holds a finished run (records up to step {last} of "
+                         f"{config['max_steps']}); use another run_dir, or resume from one of its checkpoints")
+
 class RunDirectoryCallback(TrainerCallback):
     "A matryoshka_lab run directory written while a Hugging Face or sentence-transformers trainer trains: config, metrics, the layer x dim grid at each evaluation, diagnostics within a time budget."
     def __init__(self, run_dir: str | Path,
@@ -114,13 +143,17 @@ class RunDirectoryCallback(TrainerCallback):
         parse_layers(self.layers, self.encoder.num_layers)
         if self.clock is not None and (self.probe_task or self.tasks):
             self.probe = probe_texts(load_task(self.probe_task or self.tasks[0], self.data_dir), self.probe_size)
-        key = self.run_dir.resolve()
-        if (stale := _HOLDERS.pop(key, None)) is not None:  # a run of this process that stopped with an error (a
-            stale.log.close()                                # notebook cell): one process trains one run at a time
-            stale.lock.release()
+        if (stale := _HOLDERS.get(self.run_dir.resolve())) is not None:   # a run of this process that stopped with an
+            stale.close()                                                  # error (a notebook cell): one process, one run
         self.lock = RunLock(self.run_dir).acquire()
-        _HOLDERS[key] = self
-        self.log = RunLog(self.run_dir, self.config(args, state), keep_until=state.global_step)
+        try:
+            config = self.config(args, state)
+            check_watch_dir(self.run_dir, config, state.global_step)
+            self.log = RunLog(self.run_dir, config, keep_until=state.global_step)
+        except BaseException:
+            self.lock.release()
+            raise
+        _HOLDERS[self.run_dir.resolve()] = self
         if self.trainer is not None:                         # first: what on_log adds reaches the integrations
             handlers = self.trainer.callback_handler.callbacks
             handlers.insert(0, handlers.pop(handlers.index(self)))
@@ -169,9 +202,14 @@ class RunDirectoryCallback(TrainerCallback):
             if self.measured != state.global_step and self.clock is not None and self.clock.allows():
                 self.measure(state.global_step)
         finally:
+            self.close()
+
+    def close(self) -> None:
+        "Close the log and let go of the run directory (at the end of training, or when a failed run's directory is taken over)."
+        if self.log is not None:
             self.log.close()
-            self.lock.release()
-            _HOLDERS.pop(self.run_dir.resolve(), None)
+        self.lock.release()
+        _HOLDERS.pop(self.run_dir.resolve(), None)
 
     # what it writes
     def config(self, args, state) -> dict:
