@@ -288,9 +288,12 @@ def class_means(h: torch.Tensor, labels: torch.Tensor, n_classes: int) -> torch.
 
 def nc1(h: torch.Tensor, labels, rtol: float = 1e-6) -> torch.Tensor:
     "NC1 = Tr(Sigma_W Sigma_B^+) / K of h [..., N, D] with labels [N] (any K >= 2 distinct values) -> float64 [...]."
+    if h.dim() < 2 or 0 in h.shape[-2:]:
+        raise ValueError(f"h must be [..., N, D] with N, D >= 1, got shape {tuple(h.shape)}")
+    _finite(h, "h")
     labels = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     y = torch.as_tensor(np.unique(labels, return_inverse=True)[1].reshape(-1))   # 0..K-1 in sorted label order
-    K, N = int(y.max()) + 1, h.shape[-2]
+    K, N = int(y.max()) + 1 if len(y) else 0, h.shape[-2]
     if K < 2:
         raise ValueError(f"NC1 needs at least 2 classes, got {K}")
     if len(y) != N:
