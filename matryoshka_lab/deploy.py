@@ -11,23 +11,17 @@ import numpy as np
 import pandas as pd
 
 from .budget import bytes_per_vector
-from .eval import retrieval_metrics
+from .eval import binary_codes, retrieval_metrics
 from .routing import _faiss, build_index, unit_prefix
 
 # %% auto #0
-__all__ = ['FUNNEL_PRECISIONS', 'FUNNEL_INDEXES', 'binary_codes', 'FunnelIndex', 'funnel_curve', 'best_funnel', 'search_latency',
-           'encode_latency']
+__all__ = ['FUNNEL_PRECISIONS', 'FUNNEL_INDEXES', 'FunnelIndex', 'funnel_curve', 'best_funnel', 'search_latency',
+           'encode_latency', 'binary_codes']
 
 # %% ../nbs/26_deploy.ipynb #26c006
 FUNNEL_PRECISIONS = ("float32", "binary")
 FUNNEL_INDEXES = ("flat", "hnsw")
-
-def binary_codes(x: np.ndarray) -> np.ndarray:
-    "Sign bits of the rows of x [N, d] packed 8 a byte (bit 1: feature > 0), [N, ceil(d / 8)] uint8: sentence-transformers' 'ubinary' codes."
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"need a [N, d] matrix, got shape {x.shape}")
-    return np.packbits(x > 0, axis=-1)
+_all_ = ["binary_codes"]                                            # eval's, part of this module's API too
 
 class FunnelIndex:
     "Funnel search over a corpus [N, D]: a shortlist by the unit `prefix`-dim prefix at `precision` (a FAISS flat or HNSW index), reranked by the full-width cosine."
@@ -107,15 +101,19 @@ def funnel_curve(queries: np.ndarray, corpus: np.ndarray, qrels, prefixes=(32, 6
     if q.ndim != 2 or q.shape[1] != D or len(q) != len(qrels):
         raise ValueError(f"need queries [Q, D] with one qrels entry each and a corpus [N, D], got {q.shape}, {c.shape}, "
                          f"{len(qrels)} qrels")
+    if k < 10:
+        raise ValueError(f"k must be at least 10 (nDCG@10, recall@10 and MRR@10 score each search's top 10), got {k}")
     shortlists = sorted({s for s in shortlists if k <= s <= len(c)})
     if not shortlists:
         raise ValueError(f"no shortlist size is in {k}..{len(c)} (k to the corpus size)")
     timed = q[np.random.default_rng(seed).choice(len(q), min(n_timed, len(q)), replace=False)]
     rows = [timed[i:i + 1] for i in range(len(timed))]
     previous = faiss.omp_get_max_threads()
-    setups, built = {}, {}
+    setups, built = {}, {}                                    # built: seconds to build, by (stage, precision, index, prefix)
     try:
+        t0 = time.perf_counter()
         exact = build_index(unit_prefix(c, D))
+        built[("exact", "float32", "flat", D)] = time.perf_counter() - t0
         setups[("exact", "float32", "flat", D, k)] = lambda x, n=k: exact.search(unit_prefix(x, D), n)[1]
         shortlisters = [(p, d, kind) for kind in indexes for p, ds in (("float32", prefixes), ("binary", binary_prefixes))
                         for d in ds if d <= D]
@@ -128,7 +126,7 @@ def funnel_curve(queries: np.ndarray, corpus: np.ndarray, qrels, prefixes=(32, 6
                 f = FunnelIndex(c, d, p, kind, hnsw_m, ef_construction, ef_search)
                 for s in shortlists:
                     setups[("funnel", p, kind, d, s)] = lambda x, f=f, s=s: f.search(x, k, s)
-            built[(p, kind, d)] = time.perf_counter() - t0
+            built[("hnsw", p, "hnsw", d) if kind == "hnsw-full" else ("funnel", p, kind, d)] = time.perf_counter() - t0
         quality = {key: retrieval_metrics(search(q), qrels) for key, search in setups.items()}
         faiss.omp_set_num_threads(threads)
         times = _time_queries(setups, rows, rounds)
@@ -140,7 +138,7 @@ def funnel_curve(queries: np.ndarray, corpus: np.ndarray, qrels, prefixes=(32, 6
         out.append({"stage": stage, "precision": p, "index": kind, "prefix": d, "shortlist": s if stage == "funnel" else 0,
                     **quality[(stage, p, kind, d, s)], "median_us": 1e6 * float(np.median(per_query)),
                     "p90_us": 1e6 * float(np.quantile(per_query, 0.9)), "bytes_per_vector": bytes_per_vector(d, p),
-                    "build_s": built.get((p, "hnsw-full" if stage == "hnsw" else kind, d), 0.0)})
+                    "build_s": built[(stage, p, kind, d)]})
     df = pd.DataFrame(out)
     base = df[df.stage == "exact"].iloc[0]
     df["ndcg_ratio"] = df.ndcg_at_10 / base.ndcg_at_10
@@ -163,6 +161,13 @@ def _sq8(x: np.ndarray):
     index.train(x)
     index.add(x)
     return index
+
+def _rescored(x: np.ndarray, index, code, xb: np.ndarray, k: int, n: int) -> np.ndarray:
+    "Top k rows [Q, k] of queries x: the index's n best for code(x), re-ranked by the unit prefix of x against their rows of xb [N, d]."
+    ids = index.search(code(x), n)[1]
+    s = np.einsum("qd,qsd->qs", unit_prefix(x, xb.shape[1]), xb[np.maximum(ids, 0)])
+    s[ids < 0] = -np.inf                                      # FAISS's -1 (n > N): no document, ranked last
+    return np.take_along_axis(ids, np.argsort(-s, axis=1, kind="stable")[:, :k], axis=1)
 
 def search_latency(corpus: np.ndarray, queries: np.ndarray, dims, precisions=("float32", "int8", "binary", "int8+rescore", "binary+rescore"),
                    k: int = 10, rescore: int = 2, n_timed: int = 200, rounds: int = 3, threads: int = 1, seed: int = 0) -> pd.DataFrame:
@@ -187,10 +192,7 @@ def search_latency(corpus: np.ndarray, queries: np.ndarray, dims, precisions=("f
             else:
                 raise ValueError(f"precision must be float32, int8 or binary (+rescore), got {p!r}")
             if p.endswith("+rescore"):
-                def run(x, index=index, code=code, xb=xb, d=d):
-                    ids = index.search(code(x), rescore * k)[1]
-                    s = np.einsum("qd,qsd->qs", unit_prefix(x, d), xb[np.maximum(ids, 0)])
-                    return np.take_along_axis(ids, np.argsort(-s, axis=1, kind="stable")[:, :k], axis=1)
+                run = lambda x, index=index, code=code, xb=xb: _rescored(x, index, code, xb, k, rescore * k)
             else:
                 run = lambda x, index=index, code=code: index.search(code(x), k)[1]
             searches[(d, p)] = run

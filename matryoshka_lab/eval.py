@@ -22,8 +22,9 @@ from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, S
 # %% auto #0
 __all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_ALL_MINILM_L6_V2', 'MTEB_ALL_MPNET_BASE_V2',
            'MTEB_PUBLISHED', 'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
-           'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'retrieval_grid',
-           'retrieval_metrics', 'parse_precisions', 'main_metric', 'task_texts', 'score_task', 'evaluate']
+           'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'int8_codes',
+           'binary_codes', 'retrieval_grid', 'retrieval_metrics', 'parse_precisions', 'main_metric', 'task_texts',
+           'score_task', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -164,23 +165,27 @@ def knn_grid(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_l
 
 # %% ../nbs/04_eval.ipynb #03c020b
 RETRIEVAL_METRICS = ("ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10")
-def _st_quantize():
-    "sentence-transformers' quantize_embeddings (the field's int8 and binary codes)."
-    try:
-        from sentence_transformers.util.quantization import quantize_embeddings
-    except ImportError:
-        try:
-            from sentence_transformers.quantization import quantize_embeddings    # before sentence-transformers 6
-        except ImportError:
-            raise ValueError("int8 and binary search use sentence-transformers' quantize_embeddings: "
-                             "pip install sentence-transformers") from None
-    return quantize_embeddings
+def int8_codes(x: np.ndarray, ranges: np.ndarray) -> np.ndarray:
+    "int8 codes of the rows of x [N, d]: 255 equal steps from ranges[0] to ranges[1] (each feature's min, max: [2, d]), floored, clipped to 0..255, minus 128: sentence-transformers' 'int8' (its util.quantization)."
+    x, ranges = np.asarray(x), np.asarray(ranges).astype(np.float32, copy=False)
+    if x.ndim != 2 or ranges.shape != (2, x.shape[1]):
+        raise ValueError(f"need x [N, d] and ranges [2, d], got shapes {x.shape} and {ranges.shape}")
+    steps = (ranges[1] - ranges[0]) / 255
+    steps = np.where(steps == 0, 1, steps)                                # a constant feature: step 1
+    return (np.clip(np.floor((x - ranges[0]) / steps), 0, 255) - 128).astype(np.int8)
+
+def binary_codes(x: np.ndarray) -> np.ndarray:
+    "Sign bits of the rows of x [N, d] packed 8 a byte along each row (bit 1: feature > 0), [N, ceil(d / 8)] uint8: sentence-transformers' 'ubinary' codes."
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"need a [N, d] matrix, got shape {x.shape}")
+    return np.packbits(x > 0, axis=-1)
 
 class _Codes:
-    "A corpus [N, d] (unit rows) stored at `precision` with sentence-transformers' quantize_embeddings, and how a search of it scores a query."
+    "A corpus [N, d] (unit rows) stored at `precision` (`int8_codes`, `binary_codes`), and how a search of it scores a query."
     def __init__(self, corpus: torch.Tensor, precision: str):
         bytes_per_vector(corpus.shape[-1], precision)                     # a clear error for an unknown precision
-        self.precision, self.dim, self._quantize = precision, corpus.shape[-1], None if precision == "float32" else _st_quantize()
+        self.precision, self.dim = precision, corpus.shape[-1]
         x = corpus.numpy().astype(np.float32)
         self.ranges = np.vstack([x.min(0), x.max(0)]) if precision == "int8" else None   # calibrated on the corpus
         self.codes = torch.from_numpy(self._store(x).astype(np.float64))
@@ -190,8 +195,8 @@ class _Codes:
         if self.precision == "float32":
             return x
         if self.precision == "int8":
-            return self._quantize(x, "int8", ranges=self.ranges)
-        return np.unpackbits(self._quantize(x, "ubinary"), axis=-1)[:, :self.dim]
+            return int8_codes(x, self.ranges)
+        return np.unpackbits(binary_codes(x), axis=-1)[:, :self.dim]
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
         "Search scores [Q, N] of queries q [Q, d], higher first: inner product (float32; the int8 codes, as a vector index's int8 inner product) or minus the Hamming distance (binary)."
@@ -229,6 +234,14 @@ class _Judged:
                 "recall_at_10": float((hit[:, :10].sum(1) / self.n_rel[rows]).sum()),
                 "recall_at_100": float((hit[:, :100].sum(1) / self.n_rel[rows]).sum()), "mrr_at_10": float((1.0 / first).sum())}
 
+def _check_qrels(qrels):
+    "A clear error for judgements the metrics are undefined on: no queries, or a query without a relevant document."
+    if not len(qrels):
+        raise ValueError("qrels is empty: there are no queries to score")
+    for i, rel in enumerate(qrels):
+        if not any(g > 0 for g in rel.values()):
+            raise ValueError(f"query {i} has no relevant document (grade > 0) in qrels, got {rel!r}: its nDCG and recall are undefined")
+
 def _ranking(q: torch.Tensor, codes: _Codes, depth: int, rescore: int) -> torch.Tensor:
     "Each query's top `depth` corpus rows [Q, depth]; rescore > 0: the top depth x rescore by the stored codes, reordered by the float query against them."
     order = torch.sort(codes.scores(q), dim=1, descending=True, stable=True).indices    # ties in corpus order
@@ -244,6 +257,7 @@ def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: lis
     L, Q, N = queries.shape[0], queries.shape[1], corpus.shape[1]
     if len(qrels) != Q:
         raise ValueError(f"qrels has {len(qrels)} queries, the query embeddings {Q}")
+    _check_qrels(qrels)
     if rescore and precision == "float32":
         raise ValueError("rescore re-ranks a quantized search with float queries: it needs precision int8 or binary")
     judged, depth = _Judged(qrels, N), min(100, N)
@@ -260,6 +274,7 @@ def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: lis
 
 def retrieval_metrics(ranked, qrels) -> dict[str, float]:
     "RETRIEVAL_METRICS (x100, means over queries) of rankings ranked [Q, k] (corpus indices best first, -1 where a search found fewer; k >= 10); recall_at_100 only when k >= 100."
+    _check_qrels(qrels)
     ranked = torch.as_tensor(np.asarray(ranked), dtype=torch.long)
     if ranked.ndim != 2 or ranked.shape[0] != len(qrels) or ranked.shape[1] < 10:
         raise ValueError(f"ranked must be [{len(qrels)} queries, k >= 10] corpus indices, got shape {tuple(ranked.shape)}")
