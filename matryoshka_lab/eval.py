@@ -145,7 +145,10 @@ def knn_grid(train: torch.Tensor, train_labels: dict, test: torch.Tensor, test_l
     depth = min(max((k,) + tuple(recall_at)), train.shape[1])
     ids = {}
     for level in train_labels:
-        names, inv = np.unique(np.concatenate([train_labels[level], test_labels[level]]).astype(str), return_inverse=True)
+        labels = np.concatenate([train_labels[level], test_labels[level]])
+        if labels.dtype.kind not in "biuf":                                   # text or mixed labels: as text
+            labels = labels.astype(str)                                       # (numbers stay numbers: 9 before 10)
+        names, inv = np.unique(labels, return_inverse=True)                   # a tied vote goes to the first name
         ids[level] = (inv[: len(train_labels[level])], inv[len(train_labels[level]):], len(names))
     out = {}
     for l in range(L):
