@@ -182,7 +182,7 @@ class NC1Callback(Callback):
     "NC1 of the student's layer x prefix grid on a fixed held-out probe every `every` steps (0: start and end), the teacher's once."
     order = 15
     def __init__(self, every: int = 0, max_probe: int = 1000, seed: int = 0):
-        self.every, self.max_probe, self.seed, self.probe = every, max_probe, seed, None
+        self.every, self.max_probe, self.seed, self.probe, self.measured = every, max_probe, seed, None, None
 
     def probe_set(self, cfg) -> tuple[list[str], np.ndarray]:
         "Texts and label names of cfg.train_task's test split at its label_level (distill_options), a seeded sample of at most max_probe."
@@ -211,6 +211,7 @@ class NC1Callback(Callback):
         for layer, row in enumerate(grid.tolist()):
             trainer.log.log_many(trainer.step, {f"nc1/L{layer}/d{d}": v for d, v in zip(dims, row)}, split="eval")
         trainer.log.save_array("nc1", trainer.step, grid.numpy())
+        self.measured = trainer.step
         distill = getattr(trainer.loss_fn, "distill", None)
         if distill is not None:                         # row-orthonormality of every projection, logged with NC1
             with torch.no_grad():
@@ -223,5 +224,5 @@ class NC1Callback(Callback):
             self.measure(trainer)
 
     def after_fit(self, trainer) -> None:
-        if trainer.dist.main:
+        if trainer.dist.main and self.measured != trainer.step:   # a fit stopped (CancelFit) right after a measurement
             self.measure(trainer)
