@@ -143,6 +143,10 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def warmup_steps(self, max_steps: int | None = None) -> int:
+        "Steps of the linear warm-up: warmup_ratio x max_steps (this config's, or the given one), rounded down."
+        return int(self.warmup_ratio * (self.max_steps if max_steps is None else max_steps))
+
 # %% ../nbs/09_config.ipynb #08c008
 def _yaml(text: str, what: str):
     "text parsed as YAML, or a ValueError naming `what` and where the YAML is broken."
@@ -205,6 +209,5 @@ def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHAN
 
 def _same_schedule(max_steps, cfg: TrainConfig) -> bool:
     "Whether cfg's learning rate at every step is what it was with max_steps: a constant rate after as many warm-up steps (12_trainer's make_optimizer)."
-    warmup = lambda steps: int(cfg.warmup_ratio * steps)
-    return cfg.schedule == "constant" and isinstance(max_steps, int) and warmup(max_steps) == warmup(cfg.max_steps)
+    return cfg.schedule == "constant" and isinstance(max_steps, int) and cfg.warmup_steps(max_steps) == cfg.warmup_steps()
 

@@ -345,7 +345,7 @@ def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module 
                                    for (lr, no_decay), ps in groups.items()], weight_decay=cfg.weight_decay, **fused)
     from transformers import get_scheduler
     name = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}[cfg.schedule]
-    return optimizer, get_scheduler(name, optimizer, num_warmup_steps=int(cfg.warmup_ratio * cfg.max_steps),
+    return optimizer, get_scheduler(name, optimizer, num_warmup_steps=cfg.warmup_steps(),
                                     num_training_steps=cfg.max_steps)
 
 class Trainer:
