@@ -15,10 +15,12 @@ from pathlib import Path
 
 import yaml
 
+from .data import is_task_path
 from .methods import DEFAULT_METHOD, get_method, migrate_legacy
 
 # %% auto #0
-__all__ = ['PAIR_OBJECTIVES', 'RESUMABLE_CHANGES', 'TrainConfig', 'make_config', 'load_config', 'config_changes']
+__all__ = ['PAIR_OBJECTIVES', 'NEGATIVES_OBJECTIVES', 'RESUMABLE_CHANGES', 'FORMER_DEFAULTS', 'TrainConfig', 'make_config',
+           'load_config', 'config_changes']
 
 # %% ../nbs/09_config.ipynb #08c006a
 def _number(name: str, value, whole: bool):
@@ -62,7 +64,12 @@ def _typed(name: str, kind: str, value):
     return value
 
 # %% ../nbs/09_config.ipynb #08c006
-PAIR_OBJECTIVES = ("infonce", "cosent", "angle", "angle_term")
+def _task_path(name: str) -> str:
+    "A task name as it is, or an existing path to your own data made absolute."
+    return str(Path(name).expanduser().resolve()) if is_task_path(name) and Path(name).expanduser().exists() else name
+
+PAIR_OBJECTIVES = ("infonce", "infonce_symmetric", "cosent", "angle", "angle_term")
+NEGATIVES_OBJECTIVES = ("infonce", "infonce_symmetric")   # the objectives that take hard negatives
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -73,7 +80,9 @@ class TrainConfig:
     method: str = DEFAULT_METHOD              # a registered method (methods.method_names()) or 'package.module:Attribute'
     loss_options: dict = field(default_factory=dict)   # the method's own options (Method.option_names())
     objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
-    train_task: str = "wiki_sents"            # any task; simcse uses its texts, pair objectives its (train) pairs
+    train_task: str = "wiki_sents"            # any task, or a path to your own data (03_data); simcse uses its texts, pair objectives its (train) pairs
+    columns: dict = field(default_factory=dict)   # your own files' column renames, old -> new ('' drops one): train and eval files alike
+    no_duplicates: bool = True                # a batch holds no text twice (a repeated positive is a false negative); false: the plain draw
     dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims, smallest first; 2DMSE draws d from those below D
     max_steps: int = 200
     batch_size: int = 32
@@ -94,7 +103,7 @@ class TrainConfig:
     checkpoint_every: int = 50                # steps between checkpoints (0: only at the end)
     keep_checkpoints: int = 2                 # newest checkpoints kept (0: all); 2 leaves one to fall back on
     eval_every: int = 0                       # steps between evaluations (0: only at the end; -1: never)
-    eval_tasks: tuple = ("stsb_dev",)            # evaluated every eval_every steps and at the end
+    eval_tasks: tuple = ("stsb_dev",)         # evaluated every eval_every steps and at the end (names or paths)
     eval_layers: str = "all"
     eval_dims: str | None = None              # default: dims
     diagnostics_every: int = -1               # -1: off; 0: budget mode (<= 5% of training time); N: every N steps
@@ -138,6 +147,10 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if not isinstance(self.columns, dict):
+            raise ValueError(f"columns must be a mapping of old to new column names, got {self.columns!r}")
+        object.__setattr__(self, "train_task", _task_path(self.train_task))   # your own data by its absolute path:
+        object.__setattr__(self, "eval_tasks", tuple(map(_task_path, self.eval_tasks)))   # a resume finds it from anywhere
         get_method(self.method).check_options(self.loss_options)   # an unknown method or option: one clear error
 
     def to_dict(self) -> dict:
@@ -190,6 +203,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
                      "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
+FORMER_DEFAULTS = {"no_duplicates": False}   # newer fields' values in runs made before them: the plain draw
+
 def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHANGES) -> list[str]:
     "The config keys, other than `allowed`, on which the run saved in run_dir differs from cfg ([] when none is saved); max_steps also when the learning-rate schedule depends on it."
     path = Path(run_dir) / "config.json"
@@ -197,6 +212,8 @@ def config_changes(run_dir: str | Path, cfg: TrainConfig, allowed=RESUMABLE_CHAN
         saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError) as err:
         raise ValueError(f"{str(path)!r} is unreadable ({err}): the run directory's config is unknown; use another run_dir") from None
+    if saved:                               # fields a config.json written before them lacks, at what runs did then
+        saved = {**FORMER_DEFAULTS, **saved}
     try:                                    # a config.json written before methods owned their options (01_methods)
         saved = migrate_legacy(saved)
     except ValueError:

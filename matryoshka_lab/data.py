@@ -5,8 +5,10 @@
 # %% ../nbs/03_data.ipynb #02c003
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,11 +18,13 @@ import pandas as pd
 from .core import hub_offline, hub_reachable, resolve_data_dir
 
 # %% auto #0
-__all__ = ['KINDS', 'TASKS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData', 'Sentences',
-           'read_table', 'sts_from_frame', 'pairs_from_frame', 'classification_from_frame', 'hierarchy_from_frame',
-           'sentences_from_frame', 'RetrievalData', 'retrieval_from_frame', 'with_distractors', 'retrieval_by_label',
-           'beir_from_frames', 'read_beir', 'TaskSpec', 'task_spec', 'Task', 'beir_task', 'load_hub', 'load_task',
-           'builtin_sts', 'builtin_intents', 'mipic_corpus']
+__all__ = ['KINDS', 'TASKS', 'ID_COLUMNS', 'MIPIC_CORPUS', 'STSData', 'PairData', 'ClassificationData', 'HierarchyData',
+           'PositivePairs', 'Sentences', 'read_table', 'sts_from_frame', 'pairs_from_frame',
+           'classification_from_frame', 'hierarchy_from_frame', 'sentences_from_frame', 'RetrievalData',
+           'retrieval_from_frame', 'pairs_retrieval', 'with_distractors', 'retrieval_by_label', 'beir_from_frames',
+           'read_beir', 'TaskSpec', 'task_spec', 'Task', 'beir_task', 'load_hub', 'rename_columns', 'frame_kind',
+           'frame_data', 'is_task_path', 'task_name', 'data_fingerprint', 'file_task', 'load_task', 'builtin_sts',
+           'builtin_intents', 'mipic_corpus']
 
 # %% ../nbs/03_data.ipynb #02c006
 def _check_len(name: str, **cols) -> None:
@@ -77,6 +81,17 @@ class HierarchyData:
             raise ValueError(f"unknown level {name!r}; levels are {self.levels}")
         return ClassificationData(self.text, self.labels[name])
     def __len__(self): return len(self.text)
+
+@dataclass(frozen=True)
+class PositivePairs:
+    "Anchors with a positive text each and any number of hard-negative columns: contrastive training pairs (anchor, positive, negative...)."
+    anchor: list[str]
+    positive: list[str]
+    negatives: tuple = ()                 # columns of [N] texts, each a hard negative per anchor
+    def __post_init__(self):
+        _check_len("PositivePairs", anchor=self.anchor, positive=self.positive,
+                   **{f"negative column {k + 1}": col for k, col in enumerate(self.negatives)})
+    def __len__(self): return len(self.anchor)
 
 @dataclass(frozen=True)
 class Sentences:
@@ -237,6 +252,14 @@ def retrieval_from_frame(df: pd.DataFrame, query="query", document="document", l
         raise ValueError(f"{df.attrs.get('source', 'data frame')}: no row is kept as a relevant (query, document) pair")
     return RetrievalData(list(rel), docs, tuple(rel.values()))
 
+def pairs_retrieval(data: PositivePairs) -> RetrievalData:
+    "Contrastive pairs as a retrieval task: each distinct anchor a query whose positives are relevant; the corpus every distinct positive and negative."
+    docs = list(dict.fromkeys([*data.positive, *(t for col in data.negatives for t in col)]))
+    index, rel = {d: i for i, d in enumerate(docs)}, {}
+    for q, d in zip(data.anchor, data.positive):
+        rel.setdefault(q, {})[index[d]] = 1
+    return RetrievalData(list(rel), docs, tuple(rel.values()))
+
 def with_distractors(data: RetrievalData, texts) -> RetrievalData:
     "`data` with `texts` appended to its corpus as irrelevant documents (blank texts, repeats and texts already among the corpus or the queries are dropped); qrels keep their indices."
     known = set(data.corpus) | set(data.queries)
@@ -359,7 +382,7 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
 def task_spec(name: str) -> TaskSpec:
     "The registered TaskSpec called `name`."
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}; or a path to a file or folder of your own")
     return TASKS[name]
 
 # %% ../nbs/03_data.ipynb #02c016
@@ -469,9 +492,157 @@ def _load_from_hub(spec: TaskSpec) -> Task:
     train = _from_frame(spec, load_hub(hub["path"], hub["train"], hub.get("name")), cols) if hub.get("train") else None
     return Task(spec, test, train, source=f"hub:{hub['path']}")
 
+# %% ../nbs/03_data.ipynb #02c020b
+ID_COLUMNS = ("id", "_id", "idx")          # ignored when telling a file's kind
+_SHAPES = ("anchor, positive[, negative...] (contrastive pairs); sentence1, sentence2, score (STS); sentence1, sentence2, "
+           "label (pair classification); text, label[, more label columns] (classification / hierarchy); text (unlabelled)")
+
+def rename_columns(df: pd.DataFrame, columns: dict | None) -> pd.DataFrame:
+    "df with its columns renamed old -> new (new '' or None drops old); a rename of a column df lacks is skipped."
+    columns = columns or {}
+    drop = [c for c, new in columns.items() if not new and c in df.columns]
+    out = df.drop(columns=drop).rename(columns={c: str(new) for c, new in columns.items() if new})
+    out.attrs = df.attrs
+    return out
+
+def frame_kind(df: pd.DataFrame) -> str:
+    "The kind of your own data by its columns: pairs, sts, pair, classification, hierarchy or sentences; one ValueError naming the columns and the shapes accepted when none fits, or more than one."
+    have = [str(c) for c in df.columns if c not in ID_COLUMNS]
+    fits = (["pairs"] if {"anchor", "positive"} <= set(have) else []) + \
+           [k for k, c in (("sts", "score"), ("pair", "label")) if {"sentence1", "sentence2", c} <= set(have)]
+    pair_cols = {"anchor", "positive", "sentence1", "sentence2"} & set(have)
+    if "text" in have and not pair_cols:
+        labels = [c for c in have if c != "text"]
+        fits.append(("sentences", "classification")[len(labels)] if len(labels) < 2 else "hierarchy")
+    elif "text" in have:
+        fits.append("text")
+    where = f"{df.attrs.get('source', 'data frame')}: its columns ({', '.join(map(str, df.columns))})"
+    if len(fits) > 1:
+        raise ValueError(f"{where} fit more than one kind ({' and '.join(fits)}): rename or drop the others with "
+                         f"--columns old=new (old= drops a column; a config's columns:)")
+    if not fits:
+        raise ValueError(f"{where} fit no kind of task. Accepted: {_SHAPES}; rename with --columns old=new "
+                         f"(a config's columns:)")
+    return fits[0]
+
+def frame_data(df: pd.DataFrame, kind: str):
+    "The typed data of a frame of `kind` (frame_kind)."
+    if kind == "pairs":
+        negatives = [c for c in df.columns if str(c).startswith("negative")]
+        anchor, positive, *cols = _columns(df, "anchor", "positive", *negatives)
+        return PositivePairs(_texts(anchor), _texts(positive), tuple(map(_texts, cols)))
+    if kind in ("sts", "pair"):
+        return (sts_from_frame if kind == "sts" else pairs_from_frame)(df)
+    labels = [str(c) for c in df.columns if c not in ID_COLUMNS and c != "text"]
+    if kind == "classification":
+        return classification_from_frame(df, label=labels[0])
+    if kind == "hierarchy":
+        return hierarchy_from_frame(df, {c: c for c in labels})
+    return sentences_from_frame(df)
+
+# %% ../nbs/03_data.ipynb #02c020d
+_SPLIT_FILES = tuple(f"{split}{suffix}" for split in ("train", "test") for suffix in (".jsonl", ".json", ".csv", ".tsv", ".parquet"))
+
+def is_task_path(name) -> bool:
+    "Whether a task name is a path to your own data: not a registered task, and with a '/', a file suffix, or existing."
+    name = str(name)
+    return name not in TASKS and ("/" in name or "\\" in name or name.startswith("~") or Path(name).suffix != ""
+                                  or Path(name).exists())
+
+def task_name(path) -> str:
+    "A task's name from its path: the file's stem or the folder's name, with characters other than letters, digits, '.', '_' and '-' as '_'."
+    path = Path(path).expanduser()
+    return re.sub(r"[^\w.-]", "_", (path.stem if path.suffix and not path.is_dir() else path.name) or "data")
+
+def data_fingerprint(path) -> str:
+    "'sha256:HEX' of a file's bytes, or of a folder's files (names relative to it and bytes, in sorted order; dot files left out)."
+    path, h = Path(path).expanduser(), hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()
+                                                 and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+def _disk_frames(folder: Path) -> dict:
+    "A datasets folder (save_to_disk) as {'test': frame, 'train': frame or None}: a DatasetDict's test (else validation) and train splits."
+    import datasets
+    try:
+        ds = datasets.load_from_disk(str(folder))
+    except Exception as err:                                   # datasets raises several types for a broken folder
+        raise ValueError(f"{str(folder)!r} cannot be read as a datasets folder: {type(err).__name__}: {err}") from None
+    if not isinstance(ds, datasets.DatasetDict):
+        splits = {"test": ds, "train": None}
+    else:
+        test = next((s for s in ("test", "validation", "train") if s in ds), None)
+        if test is None:
+            raise ValueError(f"{str(folder)!r} holds the splits {list(ds)}: name one test, validation or train")
+        splits = {"test": ds[test], "train": ds["train"] if test != "train" and "train" in ds else None}
+    frames = {}
+    for split, part in splits.items():
+        frames[split] = None if part is None else part.to_pandas()
+        if frames[split] is not None:
+            if frames[split].empty:
+                raise ValueError(f"{str(folder)!r} split {split!r} has no rows")
+            frames[split].attrs["source"] = f"{folder}[{split}]"
+    return frames
+
+def _own_frames(path: Path) -> dict:
+    "{'test': frame, 'train': frame or None} of a file, a folder of train.* / test.* files, or a datasets folder."
+    if path.is_file():
+        return {"test": read_table(path), "train": None}
+    if not path.is_dir():
+        raise ValueError(f"task {str(path)!r}: no such file or folder (and no registered task of that name; "
+                         f"see `matryoshka-lab tasks`)")
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return _disk_frames(path)
+    found = {split: [path / f for f in _SPLIT_FILES if f.startswith(split) and (path / f).is_file()] for split in ("train", "test")}
+    if not found["test"] or len(found["test"]) > 1 or len(found["train"]) > 1:
+        raise ValueError(f"{str(path)!r} is not a data folder: give a file, a folder with one test.* file (and "
+                         f"optionally one train.*), a BEIR folder (corpus.jsonl, queries.jsonl, qrels/) or a datasets folder "
+                         f"(save_to_disk); it has {sorted(p.name for p in path.iterdir())[:8]}")
+    return {split: read_table(files[0]) if files else None for split, files in found.items()}
+
+def _seeded_split(data, seed: int = 0) -> tuple:
+    "(test, train) halves of labelled data: a fifth of the rows, drawn by seed, evaluated; the rest fitted."
+    n = len(data)
+    if n < 2:
+        raise ValueError(f"labelled data needs at least 2 rows to split into a training and a test part, got {n}")
+    test = np.zeros(n, dtype=bool)
+    test[np.random.default_rng(seed).permutation(n)[:max(1, n // 5)]] = True
+    def rows(keep):
+        if isinstance(data, ClassificationData):
+            return ClassificationData([t for t, k in zip(data.text, keep) if k], data.label[keep])
+        return HierarchyData([t for t, k in zip(data.text, keep) if k], {lv: y[keep] for lv, y in data.labels.items()})
+    return rows(test), rows(~test)
+
+def file_task(path, columns: dict | None = None, name: str | None = None) -> Task:
+    "A Task of your own data at path (a file, a folder of train.* / test.* files, a BEIR folder or a datasets folder), its kind from its columns after the `columns` renames."
+    path = Path(path).expanduser()
+    name = name or task_name(path)
+    if path.is_dir() and (path / "corpus.jsonl").is_file():
+        qrels = [s for s in ("test", "dev", "validation", "train") if (path / "qrels" / f"{s}.tsv").is_file()]
+        return beir_task(path, split=qrels[0] if qrels else "test", name=name)
+    frames = {s: None if f is None else rename_columns(f, columns) for s, f in _own_frames(path).items()}
+    kind = frame_kind(frames["test"])
+    if frames["train"] is not None and frame_kind(frames["train"]) != kind:
+        raise ValueError(f"{str(path)!r}: the train split is {frame_kind(frames['train'])} data, the test split {kind} data")
+    test, train = (None if f is None else frame_data(f, kind) for f in (frames["test"], frames["train"]))
+    if kind == "pairs":                                   # trained on as pairs, evaluated as retrieval
+        test, train, kind = pairs_retrieval(test), train if train is not None else test, "retrieval"
+    elif kind in ("classification", "hierarchy") and train is None:
+        test, train = _seeded_split(test)
+    spec = TaskSpec(name, kind, str(path), ())
+    return Task(spec, test, train, source=str(path))
+
 # %% ../nbs/03_data.ipynb #02c021
-def load_task(name: str, data_dir: str | Path | None = None) -> Task:
-    "Load task `name` from `data_dir` (or $MATRYOSHKA_LAB_DATA), else from the Hub; builtin_* tasks are generated."
+def load_task(name: str, data_dir: str | Path | None = None, columns: dict | None = None) -> Task:
+    "Load task `name` from `data_dir` (or $MATRYOSHKA_LAB_DATA), else from the Hub; builtin_* tasks are generated; a path is your own data (file_task, with the `columns` renames)."
+    if is_task_path(name):
+        return file_task(name, columns)
     spec = task_spec(name)
     if name == "builtin_sts":
         return Task(spec, builtin_sts(seed=1), builtin_sts(seed=0), source="generated")

@@ -20,9 +20,10 @@ from .methods import Method, register
 
 # %% auto #0
 __all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
-           'info_nce_prefixes', 'info_nce_stacked', 'cosent', 'angle', 'in_batch_negatives', 'angle_objective',
-           'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE', 'eigh_side_by_side',
-           'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
+           'info_nce_prefixes', 'info_nce_stacked', 'info_nce_symmetric', 'cosent', 'angle', 'in_batch_negatives',
+           'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE',
+           'eigh_side_by_side', 'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod',
+           'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
@@ -47,29 +48,52 @@ def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, dim=-1, eps=1e-12) @ F.normalize(b, dim=-1, eps=1e-12).mT
 
 def info_nce(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0) -> torch.Tensor:
-    "InfoNCE / MNRL: a_i's positive is b_i, the other b_j are negatives. a, b [B, D] -> scalar."
+    "InfoNCE / MNRL: a_i's positive is b_i, every other row of b a negative. a [B, D], b [B', D] (B' >= B: rows past B are hard negatives) -> scalar."
     logits = cosine_matrix(a, b) * scale
     return F.cross_entropy(logits, torch.arange(len(a), device=a.device))
 
-def info_nce_prefixes(a: torch.Tensor, b: torch.Tensor, dims, target=None, scale: float = 20.0) -> torch.Tensor:
-    "info_nce(a[:, :d], b[:, :d]) for every d in dims at once -> [len(dims)]: one batched product of masked rows over prefix norms (a GPU's few launches; the loop's numbers to float order)."
+def _prefix_logits(a: torch.Tensor, b: torch.Tensor, dims, scale: float) -> torch.Tensor:
+    "scale x cos(a_i[:d], b_j[:d]) for every d in dims -> [K, B, B']."
     sizes = constant(dims, a.device)
     norm = lambda x: x.square().cumsum(-1)[:, sizes - 1].sqrt().clamp_min(1e-12).T            # [K, rows]: |x[:d]|
     masked = a * (torch.arange(a.shape[-1], device=a.device) < sizes[:, None])[:, None, :]     # [K, B, D]: a[:, :d], 0 after
-    logits = (masked @ b.T) / (norm(a)[:, :, None] * norm(b)[:, None, :]) * scale                # [K, B, B'] cosines x scale
+    return (masked @ b.T) / (norm(a)[:, :, None] * norm(b)[:, None, :]) * scale                  # [K, B, B'] cosines x scale
+
+def info_nce_prefixes(a: torch.Tensor, b: torch.Tensor, dims, target=None, scale: float = 20.0) -> torch.Tensor:
+    "info_nce(a[:, :d], b[:, :d]) for every d in dims at once -> [len(dims)]: one batched product of masked rows over prefix norms (a GPU's few launches; the loop's numbers to float order)."
+    logits = _prefix_logits(a, b, dims, scale)
     labels = torch.arange(len(a), device=a.device).repeat(len(dims))
     return F.cross_entropy(logits.flatten(0, 1), labels, reduction="none").view(len(dims), len(a)).mean(1)
 
+def _nce(logits: torch.Tensor, symmetric: bool = False) -> torch.Tensor:
+    "InfoNCE from logits [..., B, B'] (a_i's positive: column i) -> [...]; symmetric: the mean with each positive column i < B over the B anchors."
+    forward = -logits.log_softmax(-1).diagonal(0, -2, -1).mean(-1)
+    if not symmetric:
+        return forward
+    backward = -logits[..., :logits.shape[-2]].mT.log_softmax(-1).diagonal(0, -2, -1).mean(-1)
+    return (forward + backward) / 2
+
+def _pair_stack(a, b) -> tuple[torch.Tensor, torch.Tensor]:
+    "a, b [n, B, D] as they are, or lists of n [rows, d_i] zero-padded to the widest (cosines unchanged) and stacked."
+    if isinstance(a, torch.Tensor):
+        return a, b
+    d = max(x.shape[-1] for x in (*a, *b))
+    return tuple(torch.stack([F.pad(x, (0, d - x.shape[-1])) for x in xs]) for xs in (a, b))
+
 def info_nce_stacked(a, b, target=None, scale: float = 20.0) -> torch.Tensor:
     "info_nce(a[i], b[i]) for every i at once -> [n]: a, b [n, B, D], or lists of n [B, d_i] zero-padded to the widest (cosines unchanged); one batched product (a GPU's few launches; the loop's numbers to float order)."
-    if not isinstance(a, torch.Tensor):
-        d = max(x.shape[-1] for x in (*a, *b))
-        a, b = (torch.stack([F.pad(x, (0, d - x.shape[-1])) for x in xs]) for xs in (a, b))
-    logits = cosine_matrix(a, b) * scale                                          # [n, B, B']
-    return -logits.log_softmax(-1).diagonal(0, -2, -1).mean(-1)                  # a_i's positive is b_i
+    a, b = _pair_stack(a, b)
+    return _nce(cosine_matrix(a, b) * scale)                                     # [n, B, B']: a_i's positive is b_i
 
 info_nce.prefixes = info_nce_prefixes   # MRL's batched form (MRL.prefix_terms off the CPU)
 info_nce.stacked = info_nce_stacked     # ESE's layers and MIPIC's PIC steps, batched (off the CPU)
+
+def info_nce_symmetric(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0) -> torch.Tensor:
+    "Symmetric InfoNCE / MNSRL: (a_i over every row of b, positive b_i) and (b_i, i < B, over the anchors, positive a_i), averaged. a [B, D], b [B', D], B' >= B -> scalar."
+    return _nce(cosine_matrix(a, b) * scale, symmetric=True)
+
+info_nce_symmetric.prefixes = lambda a, b, dims, target=None, scale=20.0: _nce(_prefix_logits(a, b, dims, scale), True)
+info_nce_symmetric.stacked = lambda a, b, target=None, scale=20.0: _nce(cosine_matrix(*_pair_stack(a, b)) * scale, True)
 
 # %% ../nbs/07_losses.ipynb #06c010
 def _rank_loss(pred: torch.Tensor, score: torch.Tensor, scale: float) -> torch.Tensor:
@@ -152,11 +176,11 @@ def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias:
     return F.cross_entropy(logits if bias is None else logits + bias, labels)
 
 # %% ../nbs/07_losses.ipynb #06c016
-OBJECTIVES: dict[str, Callable] = {"infonce": info_nce, "simcse": info_nce, "cosent": cosent, "angle": angle_objective,
-                                   "angle_term": angle}
+OBJECTIVES: dict[str, Callable] = {"infonce": info_nce, "infonce_symmetric": info_nce_symmetric, "simcse": info_nce,
+                                   "cosent": cosent, "angle": angle_objective, "angle_term": angle}
 
 def get_objective(name: str) -> Callable:
-    "The base objective called `name` (infonce, simcse, cosent, angle: AnglE's three terms, angle_term: its angle term alone)."
+    "The base objective called `name` (infonce, infonce_symmetric, simcse, cosent, angle: AnglE's three terms, angle_term: its angle term alone)."
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
     return OBJECTIVES[name]

@@ -12,23 +12,31 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 # %% auto #0
-__all__ = ['DEFAULT_METHOD', 'REGISTRY', 'BUILTIN', 'LEGACY_KEYS', 'TrainData', 'CancelFit', 'Callback', 'LossContext', 'Method',
-           'register', 'method_names', 'get_method', 'migrate_legacy']
+__all__ = ['DEFAULT_METHOD', 'REGISTRY', 'BUILTIN', 'LEGACY_KEYS', 'TrainData', 'CancelFit', 'Callback', 'BatchDraw',
+           'LossContext', 'Method', 'register', 'method_names', 'get_method', 'migrate_legacy']
 
 # %% ../nbs/01_methods.ipynb #07ac06
 @dataclass
 class TrainData:
-    "What a step draws from: first texts, second texts (None: SimCSE views of the first), and a per-example target: None, an array [N, ...] (pair scores) or a tuple of such arrays (a method's own, e.g. distill_nc's teacher embeddings and labels)."
+    "What a step draws from: first texts, second texts (None: SimCSE views of the first), a per-example target: None, an array [N, ...] (pair scores) or a tuple of such arrays (a method's own, e.g. distill_nc's teacher embeddings and labels), and hard-negative columns."
     text_a: list[str]
     text_b: list[str] | None = None
     target: np.ndarray | tuple | None = None
+    negatives: tuple = ()             # hard-negative columns, each [N] texts: more candidates for b's side (InfoNCE)
 
     def __post_init__(self):
         n = len(self.text_a)
         if self.text_b is not None and len(self.text_b) != n:
             raise ValueError(f"text_a and text_b must have the same length, got {n} and {len(self.text_b)}")
+        self.negatives = tuple(list(col) for col in self.negatives)
+        if self.negatives and self.text_b is None:
+            raise ValueError("hard negatives need positives: give text_b (anchor, positive, negative...)")
+        bad = [len(col) for col in self.negatives if len(col) != n]
+        if bad:
+            raise ValueError(f"every negative column needs one text per anchor ({n}), got {bad}")
         parts = self.target if isinstance(self.target, tuple) else () if self.target is None else (self.target,)
         bad = [len(p) for p in parts if len(p) != n]
         if bad:
@@ -36,10 +44,21 @@ class TrainData:
 
     def __len__(self): return len(self.text_a)
 
+    @property
+    def blocks(self) -> int:
+        "Row blocks of side b: the positives, then each negative column."
+        return 1 + len(self.negatives)
+
     def texts(self, idx) -> tuple[list[str], list[str]]:
-        "The two sides' texts of examples idx (SimCSE: the first texts twice, two dropout views of them)."
+        "The two sides' texts of examples idx (SimCSE: the first texts twice, two dropout views of them); side b is the positives, then each negative column's rows (sentence-transformers' layout: a_i's positive is b_i)."
         a = [self.text_a[i] for i in idx]
-        return a, (a if self.text_b is None else [self.text_b[i] for i in idx])
+        if self.text_b is None:
+            return a, a
+        return a, [col[i] for col in (self.text_b, *self.negatives) for i in idx]
+
+    def row_texts(self, i: int) -> set:
+        "Every text of example i (its anchor, positive and negatives)."
+        return {col[i] for col in (self.text_a, self.text_b, *self.negatives) if col is not None}
 
     def rows(self, idx) -> np.ndarray | tuple | None:
         "The target rows idx, in the target's own structure (None, an array or a tuple of arrays)."
@@ -59,6 +78,69 @@ class Callback:
     def after_backward(self, trainer): pass
     def after_step(self, trainer): pass
     def after_fit(self, trainer): pass
+
+# %% ../nbs/01_methods.ipynb #07ac07b
+class BatchDraw:
+    "Rows of micro-batch k of `data` (TrainData): epoch e is a permutation from seed + e cut into batches of batch_size; with no_duplicates, rows sharing a text with the batch are deferred to a later one."
+    def __init__(self, data, batch_size: int, seed: int = 0, no_duplicates: bool = True):
+        self.data, self.batch_size, self.seed, self.no_duplicates = data, int(batch_size), int(seed), no_duplicates
+        self.sizes: list[int] = []                 # batches per epoch, of the epochs drawn so far
+        self._epoch = None                         # (epoch, its batches, rows deferred while drawing each)
+
+    def epoch(self, e: int) -> tuple[list[list[int]], list[int]]:
+        "Epoch e's batches and, for each, how many rows were passed over (deferred) while drawing it."
+        if self._epoch is None or self._epoch[0] != e:
+            order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(self.seed + e)).tolist()
+            batches, deferred = self._draw(order)
+            if not batches:
+                raise ValueError(f"no batch of {self.batch_size} rows without a repeated text can be drawn from "
+                                 f"{len(self.data)} rows: lower batch_size, or set no_duplicates: false")
+            self._epoch = (e, batches, deferred)
+        return self._epoch[1], self._epoch[2]
+
+    def _draw(self, order: list[int]) -> tuple[list[list[int]], list[int]]:
+        B = self.batch_size
+        if not self.no_duplicates:
+            return [order[k * B:(k + 1) * B] for k in range(len(order) // B)], [0] * (len(order) // B)
+        batches, deferred, waiting, pos = [], [], [], 0
+        while True:
+            batch, seen, passed, kept = [], set(), 0, []
+            for i in waiting:                          # the rows passed over before come first, in their order
+                texts = self.data.row_texts(i)
+                if len(batch) < B and not texts & seen:
+                    batch.append(i); seen |= texts
+                else:
+                    kept.append(i)
+            while len(batch) < B and pos < len(order):
+                i, pos = order[pos], pos + 1
+                texts = self.data.row_texts(i)
+                if texts & seen:
+                    kept.append(i); passed += 1
+                else:
+                    batch.append(i); seen |= texts
+            if len(batch) < B:                         # the epoch's last rows: they wait for the next epoch
+                return batches, deferred
+            batches.append(batch); deferred.append(passed); waiting = kept
+
+    def locate(self, micro: int) -> tuple[int, int]:
+        "(epoch, position in it) of micro-batch `micro`."
+        e = 0
+        while True:
+            if e == len(self.sizes):
+                self.sizes.append(len(self.epoch(e)[0]))
+            if micro < self.sizes[e]:
+                return e, micro
+            micro, e = micro - self.sizes[e], e + 1
+
+    def __call__(self, micro: int) -> list[int]:
+        "The rows of micro-batch `micro`."
+        e, pos = self.locate(micro)
+        return self.epoch(e)[0][pos]
+
+    def deferred(self, micro: int) -> int:
+        "Rows passed over (deferred to a later batch) while drawing micro-batch `micro`."
+        e, pos = self.locate(micro)
+        return self.epoch(e)[1][pos]
 
 # %% ../nbs/01_methods.ipynb #07ac09
 DEFAULT_METHOD = "mrl"

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import make_config
+from .config import NEGATIVES_OBJECTIVES, make_config
 from .encoder import Encoder
 from .fractal import fractal_step, new_head, positive_levels, positive_rows, supervision
 from .fractal_runner import fractal_config
@@ -19,8 +19,8 @@ from .methods import TrainData, get_method
 from .trainer import make_loss, method_views
 
 # %% auto #0
-__all__ = ['ST_POOLING', 'st_parts', 'target_layout', 'pack_target', 'unpack_labels', 'st_dataset', 'MatryoshkaLabLoss',
-           'FractalLoss']
+__all__ = ['ST_POOLING', 'st_parts', 'target_layout', 'pack_target', 'unpack_labels', 'st_dataset', 'one_batch',
+           'MatryoshkaLabLoss', 'FractalLoss']
 
 # %% ../nbs/22_sentence_transformers.ipynb #23c006
 ST_POOLING = {"mean": "mean", "cls": "cls", "lasttoken": "last"}   # sentence-transformers' Pooling mode -> ours
@@ -76,17 +76,30 @@ def _torch_dtype(dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 def st_dataset(data: TrainData):
-    "data as a datasets.Dataset for SentenceTransformerTrainer: column anchor, positive (pairs), label (the packed target)."
+    "data as a datasets.Dataset for SentenceTransformerTrainer: column anchor, positive (pairs), negative_1... (hard negatives), label (the packed target)."
     from datasets import Dataset
     columns = {"anchor": list(data.text_a)}
     if data.text_b is not None:
         columns["positive"] = list(data.text_b)
+    columns.update({f"negative_{k + 1}": list(col) for k, col in enumerate(data.negatives)})
     packed = pack_target(data.target)
     if packed is not None:
         columns["label"] = packed.tolist()
     return Dataset.from_dict(columns)
 
 # %% ../nbs/22_sentence_transformers.ipynb #23c012
+def one_batch(features: list, pad_id: int, side: str = "right") -> dict:
+    "Several tokenised text columns (dicts of [B, T_k] tensors) as one batch [sum B, max T]: each padded to the longest on `side`, then stacked."
+    if len(features) == 1:
+        return features[0]
+    T = max(f["input_ids"].shape[1] for f in features)
+    out = {}
+    for k, v in features[0].items():
+        if isinstance(v, torch.Tensor) and v.dim() == 2:
+            pad = lambda x: (0, T - x.shape[1]) if side == "right" else (T - x.shape[1], 0)
+            out[k] = torch.cat([nn.functional.pad(f[k], pad(f[k]), value=pad_id if k == "input_ids" else 0) for f in features])
+    return out
+
 class MatryoshkaLabLoss(nn.Module):
     "A matryoshka_lab method as a sentence-transformers loss: make_loss of a TrainConfig(method, loss_options, objective, **config) on every layer of `model`."
     def __init__(self, model, method: str = "mrl", loss_options: dict | None = None, objective: str = "simcse",
@@ -115,10 +128,14 @@ class MatryoshkaLabLoss(nn.Module):
 
     def forward(self, sentence_features, labels: torch.Tensor | None = None) -> torch.Tensor:
         features = list(sentence_features)
-        if len(features) not in (1, 2):
-            raise ValueError(f"MatryoshkaLabLoss takes one text column (SimCSE views) or two (pairs), got {len(features)}")
+        if len(features) > 2 and self.config.objective not in NEGATIVES_OBJECTIVES:
+            raise ValueError(f"MatryoshkaLabLoss takes one text column (SimCSE views) or two (pairs) under objective "
+                             f"{self.config.objective!r}, got {len(features)}; hard negatives (more columns) need objective "
+                             f"{' or '.join(NEGATIVES_OBJECTIVES)}")
         encoder = self.encoder()
-        a, b = method_views(get_method(self.config.method), encoder, features[0], features[-1])   # as our trainer encodes
+        side_b = one_batch(features[1:] or features, self.tokenizer.pad_token_id or 0, self.tokenizer.padding_side)
+        a, b = method_views(get_method(self.config.method), encoder, features[0], side_b,   # as our trainer encodes
+                            blocks=max(1, len(features) - 1))
         target = unpack_labels(labels, self.layout)
         if isinstance(target, torch.Tensor):
             target = target.to(encoder.device)

@@ -30,36 +30,62 @@ import yaml
 from tqdm.auto import tqdm
 
 from .checkpoint import export_model, load_checkpoint, model_card, resume_checkpoint, save_checkpoint
-from .config import TrainConfig, config_changes, load_config, make_config
+from .config import NEGATIVES_OBJECTIVES, TrainConfig, config_changes, load_config, make_config
 from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
-from .data import PairData, STSData, load_task
+from .data import PairData, PositivePairs, RetrievalData, STSData, data_fingerprint, is_task_path, load_task
 from .distributed import Dist, init_distributed
 from . import encoder as encoder_module
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import get_objective, read_floats
-from .methods import Callback, CancelFit, LossContext, TrainData, get_method
-from .runs import RunInUse, RunLock, RunLog, read_run, run_holder, write_atomic
+from .methods import BatchDraw, Callback, CancelFit, LossContext, TrainData, get_method
+from .runs import RunInUse, RunLock, RunLog, read_run, run_holder, write_atomic, write_json
 
 # %% auto #0
-__all__ = ['objective_data', 'training_data', 'load_encoder', 'make_loss', 'method_view', 'method_views', 'batch_target',
-           'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes', 'add_callbacks',
-           'pin_batch', 'BatchesAhead', 'make_optimizer', 'Trainer', 'check_run_dir', 'Launched', 'launch']
+__all__ = ['objective_data', 'check_negatives', 'training_data', 'load_encoder', 'make_loss', 'method_view', 'method_views',
+           'batch_target', 'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes',
+           'add_callbacks', 'pin_batch', 'BatchesAhead', 'make_optimizer', 'Trainer', 'data_record', 'data_changes',
+           'check_run_dir', 'Launched', 'launch']
 
 # %% ../nbs/12_trainer.ipynb #08c011
+def _split_texts(split) -> list[str]:
+    "Every distinct text of a training split, for SimCSE."
+    if hasattr(split, "text"):
+        return list(split.text)
+    if isinstance(split, PositivePairs):
+        return list(dict.fromkeys([*split.anchor, *split.positive, *(t for col in split.negatives for t in col)]))
+    if isinstance(split, RetrievalData):
+        return list(dict.fromkeys([*split.queries, *split.corpus]))
+    return list(dict.fromkeys(split.sentence1 + split.sentence2))
+
 def objective_data(cfg: TrainConfig) -> TrainData:
-    "The texts (simcse) or pairs (the pair objectives) of cfg.train_task's training split that cfg.objective needs."
-    task = load_task(cfg.train_task, cfg.data_dir)
+    "The texts (simcse) or pairs (the pair objectives; with their hard negatives under infonce) of cfg.train_task's training split that cfg.objective needs."
+    task = load_task(cfg.train_task, cfg.data_dir, cfg.columns)
     split = task.train if task.train is not None else task.test
     if cfg.objective == "simcse":
-        texts = split.text if hasattr(split, "text") else list(dict.fromkeys(split.sentence1 + split.sentence2))
-        return TrainData([t for t in texts if t.strip()])
+        return TrainData([t for t in _split_texts(split) if t.strip()])
+    if cfg.objective in NEGATIVES_OBJECTIVES and isinstance(split, PositivePairs):      # (anchor, positive, negative...)
+        return TrainData(list(split.anchor), list(split.positive), negatives=split.negatives)
+    if cfg.objective in NEGATIVES_OBJECTIVES and isinstance(split, RetrievalData):      # a query with each relevant document
+        rows = [(q, split.corpus[j]) for q, rel in zip(split.queries, split.qrels) for j in rel]
+        return TrainData([q for q, _ in rows], [d for _, d in rows])
     if isinstance(split, STSData) and cfg.objective != "infonce":
         return TrainData(list(split.sentence1), list(split.sentence2), split.score.astype(np.float32))
-    if isinstance(split, (STSData, PairData)) and cfg.objective == "infonce":   # positives: scored high enough, or labelled 1
+    if isinstance(split, (STSData, PairData)) and cfg.objective in NEGATIVES_OBJECTIVES:   # positives: scored high enough, or labelled 1
         keep = split.score >= cfg.min_pair_score if isinstance(split, STSData) else split.label == 1
         return TrainData([s for s, k in zip(split.sentence1, keep) if k], [s for s, k in zip(split.sentence2, keep) if k])
     raise ValueError(f"objective {cfg.objective!r} needs scored pairs (an STS task such as stsb) or, for infonce, "
-                     f"positive pairs; task {cfg.train_task!r} is {task.kind}")
+                     f"positive pairs; task {cfg.train_task!r} is {task.kind}"
+                     f"{' (anchor, positive[, negative...] pairs)' if isinstance(split, PositivePairs) else ''}")
+
+def check_negatives(cfg: TrainConfig, method, data: TrainData) -> None:
+    "Refuse (ValueError) hard negatives that cfg's objective or method would not use as candidates."
+    if not data.negatives:
+        return
+    if cfg.objective not in NEGATIVES_OBJECTIVES:
+        raise ValueError(f"the training data has {len(data.negatives)} hard-negative column(s), which objective "
+                         f"{cfg.objective!r} does not take: use objective {' or '.join(NEGATIVES_OBJECTIVES)}")
+    if method.single_view:
+        raise ValueError(f"method {cfg.method!r} encodes one view of each batch and takes no hard negatives")
 
 def training_data(cfg: TrainConfig) -> TrainData:
     "The training data of cfg.method (Method.training_data), else objective_data(cfg); at least one batch of it."
@@ -96,21 +122,31 @@ def _tensors(encoder: Encoder, side, max_length: int) -> dict:
     return (encoder.tokenize(list(side), max_length) if isinstance(side, (list, tuple))
             else {k: v for k, v in side.items() if isinstance(v, torch.Tensor)})
 
-def _as_method_takes(method, out: EncoderOutput, dist: Dist):
-    "One view's EncoderOutput as `method`'s loss takes it (pooled [L+1, B, D], or with token states), gathered over processes."
+def _blocks_in_order(x: torch.Tensor, blocks: int, world: int, dim: int) -> torch.Tensor:
+    "Rows gathered from `world` processes, each process's [blocks x n] along dim, put block after block: every process's positives, then every process's first negatives, ..."
+    if blocks == 1 or world == 1:
+        return x
+    n = x.shape[dim] // (world * blocks)
+    order = torch.arange(x.shape[dim], device=x.device).view(world, blocks, n).transpose(0, 1).reshape(-1)
+    return x.index_select(dim, order)
+
+def _as_method_takes(method, out: EncoderOutput, dist: Dist, blocks: int = 1):
+    "One view's EncoderOutput as `method`'s loss takes it (pooled [L+1, B, D], or with token states), gathered over processes; a side of `blocks` row blocks (positives, negative columns) keeps them block after block."
+    pooled = _blocks_in_order(dist.gather(out.pooled.float()), blocks, dist.world, 1)
     if not method.needs_tokens:
-        return dist.gather(out.pooled.float())
-    return EncoderOutput(pooled=dist.gather(out.pooled.float()), layers=out.layers,
-                         attention_mask=dist.gather_padded(out.attention_mask, 0, 1),
-                         hidden=dist.gather_padded(out.hidden.float(), 1, 2))
+        return pooled
+    return EncoderOutput(pooled=pooled, layers=out.layers,
+                         attention_mask=_blocks_in_order(dist.gather_padded(out.attention_mask, 0, 1), blocks, dist.world, 0),
+                         hidden=_blocks_in_order(dist.gather_padded(out.hidden.float(), 1, 2), blocks, dist.world, 1))
 
-def method_view(method, encoder: Encoder, side, max_length: int = 32, dist: Dist = Dist()):
-    "One side of a batch (texts, or tokenizer tensors) encoded as `method`'s loss takes it, gathered over processes."
+def method_view(method, encoder: Encoder, side, max_length: int = 32, dist: Dist = Dist(), blocks: int = 1):
+    "One side of a batch (texts, or tokenizer tensors) encoded as `method`'s loss takes it, gathered over processes (`blocks`: its row blocks, _as_method_takes)."
     out = encoder(**_tensors(encoder, side, max_length), tokens=method.needs_tokens)
-    return _as_method_takes(method, out, dist)
+    return _as_method_takes(method, out, dist, blocks)
 
-def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dist = Dist(), one_pass: bool | None = None):
-    "The views (a, b) of one batch for `method`'s loss: each side encoded once (method_view), one pass when method.single_view; `one_pass` (default: off the CPU) runs two views of the same tokens (b is a) as one pass of the doubled batch."
+def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dist = Dist(), one_pass: bool | None = None,
+                 blocks: int = 1):
+    "The views (a, b) of one batch for `method`'s loss: each side encoded once (method_view), one pass when method.single_view; `one_pass` (default: off the CPU) runs two views of the same tokens (b is a) as one pass of the doubled batch; b's `blocks`: the positives and each hard-negative column (TrainData.blocks)."
     if method.single_view:
         va = method_view(method, encoder, a, max_length, dist)
         return va, va
@@ -121,7 +157,7 @@ def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dis
         return tuple(_as_method_takes(method, EncoderOutput(out.pooled[:, rows], out.layers, out.attention_mask[rows],
                                                             None if out.hidden is None else out.hidden[:, rows]), dist)
                      for rows in (slice(0, n), slice(n, None)))
-    return method_view(method, encoder, a, max_length, dist), method_view(method, encoder, b, max_length, dist)
+    return method_view(method, encoder, a, max_length, dist), method_view(method, encoder, b, max_length, dist, blocks)
 
 def batch_target(rows, device) -> torch.Tensor | tuple | None:
     "A batch's target rows (TrainData.rows: None, an array or a tuple of arrays) as tensors on device."
@@ -146,7 +182,7 @@ def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> li
             check()
         except ValueError as err:
             raise ValueError(f"{key} {getattr(cfg, key)!r}: {err}") from None
-    return [load_task(t, cfg.data_dir) for t in cfg.eval_tasks]
+    return [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
 
 class EvalCallback(Callback):
     "Evaluate the layer x dim grid every `every` steps (0: at the end only); log it and write grid.csv."
@@ -370,6 +406,9 @@ class Trainer:
         self.data = data or training_data(config)
         if len(self.data) < config.batch_size:       # data passed in; training_data checks its own
             raise ValueError(f"the training data has {len(self.data)} examples, fewer than batch_size {config.batch_size}")
+        check_negatives(config, self.method, self.data)
+        self.draw = BatchDraw(self.data, config.batch_size, config.seed, config.no_duplicates)   # micro-batch k: self.draw(k)
+        self.draw(0)                                  # data that gives no duplicate-free batch fails now
         eval_tasks = preflight(config, self.encoder, evaluation=not issubclass(EvalCallback, drop))   # before step 1
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it
@@ -384,7 +423,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
         workers = config.batch_workers if config.batch_workers is not None else int(device.type == "cuda")
         self.batches = BatchesAhead(self.prepare, workers, pin=device.type == "cuda")   # micro-batch k: self.batches(k)
-        self._order = None                        # (epoch, its permutation): batch_indices
         self.callbacks = add_callbacks(default_callbacks(config, eval_tasks), callbacks, drop)
         self.step, self.out, self.log, self.bar = 0, None, None, None
 
@@ -393,14 +431,8 @@ class Trainer:
             getattr(cb, event)(self)
 
     def batch_indices(self, micro: int) -> list[int]:
-        "Indices of micro-batch number `micro` (counting from the start of training): epoch e is a permutation from seed + e."
-        cfg, n = self.config, len(self.data)
-        per_epoch = n // cfg.batch_size
-        epoch, pos = divmod(micro, per_epoch)
-        drawn = self._order                        # the epoch's permutation, drawn once (1M rows: 20 ms, bench/input_pipeline.py)
-        if drawn is None or drawn[0] != epoch:
-            drawn = self._order = (epoch, torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + epoch)))
-        return drawn[1][pos * cfg.batch_size:(pos + 1) * cfg.batch_size].tolist()
+        "Indices of micro-batch number `micro` (counting from the start of training): epoch e is a permutation from seed + e, drawn without repeated texts unless cfg.no_duplicates is off (BatchDraw)."
+        return self.draw(micro)
 
     def prepare(self, micro: int) -> tuple:
         "Micro-batch number `micro` on the host: its target rows and this process's tokens of each side (tokenised once when both sides are the same texts, SimCSE's two views)."
@@ -421,7 +453,7 @@ class Trainer:
             on_device = {k: v.to(enc.device, non_blocking=True) for k, v in side_a.items()}
             views = (on_device, on_device if side_b is side_a else {k: v.to(enc.device, non_blocking=True) for k, v in side_b.items()})
             with autocast(self.precision, enc.device):
-                a, b = method_views(self.method, enc, *views, cfg.max_length, self.dist)
+                a, b = method_views(self.method, enc, *views, cfg.max_length, self.dist, blocks=self.data.blocks)
                 self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
             self._fire("after_loss")
             loss = self.out.total if cfg.grad_accum == 1 else self.out.total / cfg.grad_accum
@@ -446,7 +478,9 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step()
-        return {"loss": loss, **parts, "grad_norm": norm, "lr": self.scheduler.get_last_lr()[0]}
+        deferred = {"deferred": sum(self.draw.deferred((self.step - 1) * cfg.grad_accum + m) for m in range(cfg.grad_accum))
+                    } if cfg.no_duplicates else {}                      # rows the duplicate-free draw passed over
+        return {"loss": loss, **parts, "grad_norm": norm, "lr": self.scheduler.get_last_lr()[0], **deferred}
 
     def fit(self) -> "Trainer":
         "Train to cfg.max_steps as the run directory's one writer, resuming from its newest intact checkpoint when there is one."
@@ -456,6 +490,8 @@ class Trainer:
             try:
                 lock.acquire()
                 check_run_dir(run_dir, cfg)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                write_json(run_dir / "data.json", data_record(cfg))   # your own data's fingerprints, beside config.json
             except (ValueError, OSError) as err:
                 lock.release()
                 refused = err
@@ -519,8 +555,23 @@ class Trainer:
         self._fire("after_fit")
 
 # %% ../nbs/12_trainer.ipynb #08c023
+def data_record(cfg: TrainConfig) -> dict:
+    "{path: data_fingerprint} of the run's own data: its train_task and eval_tasks that are paths (present)."
+    return {t: data_fingerprint(t) for t in dict.fromkeys([cfg.train_task, *cfg.eval_tasks])
+            if is_task_path(t) and Path(t).exists()}
+
+def data_changes(run_dir: str | Path, tasks) -> dict:
+    "{path: (recorded, now)} of the tasks whose data changed since the run in run_dir recorded it (data.json); a path no longer there: now None."
+    path = Path(run_dir) / "data.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        saved = {}
+    now = {t: data_fingerprint(t) if Path(t).exists() else None for t in tasks if t in saved}
+    return {t: (saved[t], fp) for t, fp in now.items() if fp != saved[t]}
+
 def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
-    "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, or records without a config."
+    "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, records without a config, or checkpoints of training data that has changed since; warn of a changed eval file."
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"run_dir {str(path)!r} is a file, not a directory")
@@ -532,6 +583,13 @@ def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
     if not (path / "config.json").is_file() and (records or any((path / "checkpoints").glob("step_*"))):
         raise ValueError(f"run directory {str(path)!r} holds records (metrics.jsonl or checkpoints/) but no config.json: "
                          "it cannot be told apart from another run; use another run_dir")
+    for task, (before, now) in data_changes(path, dict.fromkeys([cfg.train_task, *cfg.eval_tasks])).items():
+        what = "is gone" if now is None else f"has changed since (fingerprint {before[:19]}..., now {now[:19]}...)"
+        if task == cfg.train_task and any((path / "checkpoints").glob("step_*")):
+            raise ValueError(f"run directory {str(path)!r} trained on {task}, which {what}: a resume would draw other "
+                             "batches. Restore the file, or use another run_dir")
+        if task != cfg.train_task:
+            warnings.warn(f"eval task {task} {what}: the run's earlier evaluations scored the data as it was", stacklevel=2)
 
 # %% ../nbs/12_trainer.ipynb #08c027
 @dataclass
