@@ -17,7 +17,8 @@ from pathlib import Path
 from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
-__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'check_out_file', 'main']
+__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'check_out_file',
+           'parse_columns', 'main']
 
 # %% ../nbs/21_cli.ipynb #05c006
 DEMO_TASKS = ["stsb", "sickr", "clinc150"]
@@ -104,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir", nargs="?", default=None, help="a run directory: its model, eval tasks and dims")
     e.add_argument("--model", default=None, help="embedded (default), mpnet (the mpnet extra), a model folder, a run directory or a Hub id")
     e.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
-    e.add_argument("--tasks", default=None, help="comma-separated task names (see `matryoshka-lab tasks`)")
+    e.add_argument("--tasks", default=None, help="comma-separated task names (see `matryoshka-lab tasks`) or paths to your own "
+                   "files or folders (a CSV / JSONL / Parquet file, a BEIR folder, a datasets folder)")
+    e.add_argument("--columns", default=None, metavar="OLD=NEW,...",
+                   help="your own files' column renames, e.g. question=anchor,answer=positive (OLD= drops a column)")
     e.add_argument("--layers", default=None, help="hidden states: 'all', '-1' or e.g. '0,3,6' (default: all)")
     e.add_argument("--dims", default=None, help="prefix dims, e.g. '16,32,64' (default: powers of two and D)")
     e.add_argument("--out", default=None, help="file to write: .csv (columns task,layer,dim,metric,value) or .json")
@@ -217,13 +221,34 @@ def _eval_defaults(args) -> None:
         args.layers = args.layers or cfg.get("eval_layers")
         args.dims = args.dims or cfg.get("eval_dims") or ",".join(map(str, cfg.get("dims") or [])) or None
         args.data_dir = args.data_dir or cfg.get("data_dir")
+        args.columns = args.columns if args.columns is not None else cfg.get("columns") or None
         args.out = args.out or str(Path(args.run_dir) / "grid.csv")
     args.layers = args.layers or "all"
     args.dims = args.dims or "all"
 
+def parse_columns(spec) -> dict:
+    "'old=new,old2=new2' (or a mapping, or None) as {old: new}; 'old=' drops a column."
+    if spec is None or isinstance(spec, dict):
+        return dict(spec or {})
+    pairs = [p.strip() for p in str(spec).split(",") if p.strip()]
+    bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0].strip()]
+    if bad:
+        raise ValueError(f"--columns takes OLD=NEW pairs separated by commas (OLD= drops a column), got {bad[0]!r}")
+    return {old.strip(): new.strip() for old, new in (p.split("=", 1) for p in pairs)}
+
+def _data_notes(args, tasks: list[str]) -> None:
+    "Say which of a run's own data files changed since the run recorded them (its data.json)."
+    if args.run_dir is None:
+        return
+    from matryoshka_lab.trainer import data_changes
+    for task, (before, now) in data_changes(args.run_dir, tasks).items():
+        what = "is gone" if now is None else f"has changed (fingerprint {before[:19]}... when the run recorded it, now {now[:19]}...)"
+        print(f"note: {task} {what}: these scores are of the data as it is now", file=sys.stderr)
+
 def _eval(args) -> None:
     from matryoshka_lab.runs import RunLock
     _eval_defaults(args)
+    args.columns = parse_columns(args.columns)
     out = check_out_file(args.out)   # before the encoding, not after
     inside = args.run_dir is not None and out.resolve().is_relative_to(Path(args.run_dir).resolve())
     with RunLock(args.run_dir) if inside else contextlib.nullcontext():   # a run directory's grid.csv: its one writer
@@ -233,9 +258,12 @@ def _evaluate_to(args, out: Path) -> None:
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import evaluate
     from matryoshka_lab.runs import write_atomic
+    from matryoshka_lab.data import load_task
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    loaded = [load_task(t, args.data_dir, args.columns) for t in tasks]     # every task read (and checked) before the model
+    _data_notes(args, tasks)
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
-    df = evaluate(enc, tasks, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
+    df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, df.to_json(orient="records", indent=1) if out.suffix.lower() == ".json" else df.to_csv(index=False))
@@ -302,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             from matryoshka_lab.data import TASKS
             for t in TASKS.values():
                 print(f"{t.name:20s} {t.kind}")
+            print("or a path to your own data: a CSV / JSONL / Parquet file, a folder of train.* and test.* files, a BEIR "
+                  "folder or a datasets folder; its kind from its columns (nbs/03_data.ipynb)")
     except (ValueError, FloatingPointError, OSError) as err:  # bad arguments or data, a diverged run, a full disk: one line
         print(f"error: {err}", file=sys.stderr)
         return 2

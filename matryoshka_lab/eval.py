@@ -345,8 +345,8 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
 # %% ../nbs/04_eval.ipynb #03c025
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
              max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
-             precisions=("float32",)) -> pd.DataFrame:
-    "Tidy table (task, layer, dim, metric, value) of `tasks` (names or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...)."
+             precisions=("float32",), columns: dict | None = None) -> pd.DataFrame:
+    "Tidy table (task, layer, dim, metric, value) of `tasks` (names, paths to your own data with the `columns` renames, or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...)."
     from tqdm.auto import tqdm
     if isinstance(tasks, (str, Task)):
         tasks = [tasks]
@@ -355,7 +355,11 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     layer_ids = parse_layers(layers, encoder.num_layers)
     dims = parse_dims(dims, encoder.hidden_size)
     precisions = parse_precisions(precisions)                 # before the encoding
-    loaded = [t if isinstance(t, Task) else load_task(t, data_dir) for t in tasks]
+    loaded = [t if isinstance(t, Task) else load_task(t, data_dir, columns) for t in tasks]
+    names = [t.name for t in loaded]
+    if len(set(names)) < len(names):
+        raise ValueError(f"two tasks have the same name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}): "
+                         "results are kept by task name; rename a file")
     index, positions = {}, []
     for t in loaded:
         positions.append(np.array([index.setdefault(s, len(index)) for s in task_texts(t)]))

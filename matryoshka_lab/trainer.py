@@ -398,17 +398,17 @@ class Trainer:
         if config.batch_size % self.dist.world:
             raise ValueError(f"batch_size {config.batch_size} (the global batch) must be divisible by the "
                              f"{self.dist.world} processes")
-        seed_everything(config.seed + self.dist.rank)   # the model load draws nothing; dropout differs per process
-        self.encoder = encoder or load_encoder(config)
-        self.encoder.to(device)
-        if config.compile:   # Module.compile, in place: the state dict (checkpoints, exports) keeps its keys
-            self.encoder.model.compile()
-        self.data = data or training_data(config)
+        self.data = data or training_data(config)     # the data first: a bad file fails before the model loads
         if len(self.data) < config.batch_size:       # data passed in; training_data checks its own
             raise ValueError(f"the training data has {len(self.data)} examples, fewer than batch_size {config.batch_size}")
         check_negatives(config, self.method, self.data)
         self.draw = BatchDraw(self.data, config.batch_size, config.seed, config.no_duplicates)   # micro-batch k: self.draw(k)
         self.draw(0)                                  # data that gives no duplicate-free batch fails now
+        seed_everything(config.seed + self.dist.rank)   # the model load draws nothing; dropout differs per process
+        self.encoder = encoder or load_encoder(config)
+        self.encoder.to(device)
+        if config.compile:   # Module.compile, in place: the state dict (checkpoints, exports) keeps its keys
+            self.encoder.model.compile()
         eval_tasks = preflight(config, self.encoder, evaluation=not issubclass(EvalCallback, drop))   # before step 1
         self.loss_fn = make_loss(config, self.encoder.hidden_size, self.encoder.num_layers, self.data, self.encoder.pooling)
         # a loss with parameters of its own (MIPIC's projections) trains with the encoder and is checkpointed with it

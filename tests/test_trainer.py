@@ -1,6 +1,7 @@
 """Trainer: CLI runs of every method, crash and resume with identical losses, two processes = one, a diverging loss,
 config mistakes."""
 import concurrent.futures
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -101,6 +102,8 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
     a, b = losses(tmp_path / "ref"), losses(run_dir)
     assert list(b.index) == list(range(1, 13))
     torch.testing.assert_close(torch.tensor(b.values), torch.tensor(a.values), rtol=0, atol=1e-6)
+    deferred = [m[m.name == "deferred"].set_index("step").value for m in (read_run(d).metrics for d in (tmp_path / "ref", run_dir))]
+    assert deferred[0].sum() > 0 and deferred[0].equals(deferred[1])   # the duplicate-free draw deferred rows, the same ones
 
 
 @pytest.mark.parametrize("sets", [
@@ -111,11 +114,17 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
     # seed, the step-1 gradient norm was 0.3 % off; the [CLS] anchor hid it: this model's [CLS] states are all alike,
     # so PIC's gradient there is 1e-2 and under the tolerance). The pooled anchor, the default, is the one that shows it
     ["method=mipic", "objective=simcse", "train_task=builtin_intents"],
-], ids=["2dmse-simcse-accum", "ese-cosent", "mic-tokens", "mipic-params"])
+    # hard negatives: each process's side b is its positives then its negatives; gathered, they must stand block by block
+    ["method=mrl", "objective=infonce_symmetric", "train_task=PAIRS"],
+], ids=["2dmse-simcse-accum", "ese-cosent", "mic-tokens", "mipic-params", "mrl-hard-negatives"])
 def test_two_processes_give_the_one_process_losses(sets, tiny_model_dir, tmp_path):
     "torchrun with 2 gloo processes, each encoding half of the global batch, follows the one-process loss curve."
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": f"question {i} about topic {i % 5}", "positive": f"answer {i} on {i % 5}",
+                                         "negative_1": f"an answer off topic {i}", "negative_2": f"unrelated text {i}"}) + "\n"
+                             for i in range(40)))
     common = [f"model={tiny_model_dir}", "max_steps=6", "batch_size=8", "checkpoint_every=3", "eval_every=-1",
-              "dims=[8,16,32]", *sets]
+              "dims=[8,16,32]", *(s.replace("PAIRS", str(pairs)) for s in sets)]
     config = ROOT / "configs" / "mrl.yaml"
     one = subprocess.run(train_cmd(config, tmp_path / "one", *common), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
@@ -554,3 +563,27 @@ def test_pin_batch_pins_the_target_rows_too(monkeypatch):
     rows, _, _ = pin_batch((arrays, side, side))
     assert len(pinned) == 6 and all(torch.equal(r, torch.as_tensor(x)) for r, x in zip(rows, arrays))
     assert all(torch.equal(t, torch.as_tensor(x)) for t, x in zip(batch_target(rows, "cpu"), arrays))
+
+
+def test_a_repeated_positive_is_a_false_negative_the_duplicate_free_draw_never_forms(tiny_encoder, tmp_path):
+    "A batch holding one positive twice scores it as a negative of its own anchor (a higher loss); the default draw never forms one."
+    from matryoshka_lab.losses import cosine_matrix, info_nce
+    texts = [f"question {i}" for i in range(24)]
+    positives = [f"answer {i % 16}" for i in range(24)]            # rows i and i + 16 share a positive
+    data = TrainData(texts, positives)
+    cfg = make_config({"run_dir": str(tmp_path), "max_steps": 3, "batch_size": 6, "dims": [8, 32], "eval_every": -1,
+                       "objective": "infonce"})
+    enc = tiny_encoder("bert")
+    plain = Trainer(dataclasses.replace(cfg, no_duplicates=False), encoder=enc, data=data, progress=False, drop=(Callback,))
+    dedup = Trainer(cfg, encoder=enc, data=data, progress=False, drop=(Callback,))
+    repeats = lambda idx: len(idx) - len({positives[i] for i in idx})
+    plain_batches = [plain.batch_indices(k) for k in range(20)]
+    assert any(repeats(idx) for idx in plain_batches)                 # the plain draw forms such batches
+    assert all(repeats(dedup.batch_indices(k)) == 0 for k in range(20))
+    a, b = data.texts(next(idx for idx in plain_batches if repeats(idx)))
+    with torch.no_grad():                                              # (the tiny model has no dropout)
+        ea, eb = (enc(**enc.tokenize(x, 16)).pooled[-1] for x in (a, b))
+        logits = cosine_matrix(ea, eb) * 20
+        copies = torch.tensor([[j != k and b[j] == b[k] for k in range(len(b))] for j in range(len(b))])
+        intended = torch.nn.functional.cross_entropy(logits.masked_fill(copies, float("-inf")), torch.arange(len(a)))
+    assert copies.any() and info_nce(ea, eb) > intended + 0.05, (info_nce(ea, eb), intended)
