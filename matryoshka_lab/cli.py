@@ -256,11 +256,12 @@ def _eval(args) -> None:
 
 def _evaluate_to(args, out: Path) -> None:
     from matryoshka_lab.encoder import Encoder
-    from matryoshka_lab.eval import evaluate
-    from matryoshka_lab.runs import write_atomic
     from matryoshka_lab.data import load_task
+    from matryoshka_lab.eval import check_task_names, evaluate
+    from matryoshka_lab.runs import write_atomic
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     loaded = [load_task(t, args.data_dir, args.columns) for t in tasks]     # every task read (and checked) before the model
+    check_task_names(loaded)
     _data_notes(args, tasks)
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,

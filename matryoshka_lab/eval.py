@@ -24,7 +24,7 @@ __all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_
            'MTEB_PUBLISHED', 'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
            'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'int8_codes',
            'binary_codes', 'retrieval_grid', 'retrieval_metrics', 'parse_precisions', 'main_metric', 'task_texts',
-           'score_task', 'evaluate']
+           'score_task', 'check_task_names', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -343,6 +343,16 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
     return knn_grid(tr, task.train.labels, te, t.labels, dims)
 
 # %% ../nbs/04_eval.ipynb #03c025
+def check_task_names(tasks: list) -> None:
+    "Refuse (ValueError) loaded Tasks from different sources under one name: a grid keeps its rows by task name."
+    sources = {}
+    for t in tasks:
+        sources.setdefault(t.name, set()).add(t.source)
+    clash = sorted(n for n, s in sources.items() if len(s) > 1)
+    if clash:
+        raise ValueError(f"tasks from different sources share the name {clash[0]!r} ({', '.join(sorted(sources[clash[0]]))}): "
+                         "results are kept by task name; rename a file")
+
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
              max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
              precisions=("float32",), columns: dict | None = None) -> pd.DataFrame:
@@ -356,10 +366,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     dims = parse_dims(dims, encoder.hidden_size)
     precisions = parse_precisions(precisions)                 # before the encoding
     loaded = [t if isinstance(t, Task) else load_task(t, data_dir, columns) for t in tasks]
-    names = [t.name for t in loaded]
-    if len(set(names)) < len(names):
-        raise ValueError(f"two tasks have the same name ({', '.join(sorted({n for n in names if names.count(n) > 1}))}): "
-                         "results are kept by task name; rename a file")
+    check_task_names(loaded)
     index, positions = {}, []
     for t in loaded:
         positions.append(np.array([index.setdefault(s, len(index)) for s in task_texts(t)]))

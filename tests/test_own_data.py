@@ -120,3 +120,30 @@ def test_a_beir_qrel_naming_an_unknown_id_is_one_error_line(own_files, tmp_path)
     res = run("eval", "--model", "no/such/model", "--tasks", str(own_files["beir"]), "--out", str(tmp_path / "g.csv"))
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "names document 'd999', which is not in the corpus" in lines[0], res.stderr
+
+
+def test_the_readmes_own_data_commands_run_as_written(tmp_path):
+    "The README's 'Your own data' commands, verbatim, in a copy of configs/ and examples/, with no data directory."
+    import shlex
+    import shutil
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "README.md").read_text(encoding="utf-8").split("## Your own data", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
+    assert len(commands) == 3 and all(c.startswith("matryoshka-lab ") for c in commands)
+    for folder in ("configs", "examples"):
+        shutil.copytree(root / folder, tmp_path / folder)
+    for command in commands:
+        res = run(*shlex.split(command)[1:], "--no-progress", cwd=tmp_path)
+        assert res.returncode == 0, (command, res.stderr[-3000:])
+    grid = pd.read_csv(tmp_path / "runs" / "own_mrl" / "grid.csv")
+    assert set(grid.task) == {"faq_pairs"} and "ndcg_at_10" in set(grid.metric)
+    assert set(pd.read_csv(tmp_path / "runs" / "own" / "grid.csv").task) == {"faq_pairs", "sts"}
+
+
+def test_two_files_of_one_name_are_refused_before_the_model(own_files, tmp_path):
+    (tmp_path / "other").mkdir()
+    copy = tmp_path / "other" / "sts.csv"
+    copy.write_text(own_files["sts"].read_text())
+    res = run("eval", "--model", "no/such/model", "--tasks", f"{own_files['sts']},{copy}", "--columns",
+              "s1=sentence1,s2=sentence2,sim=score", "--out", str(tmp_path / "g.csv"))
+    assert res.returncode == 2 and "tasks from different sources share the name 'sts'" in res.stderr, res.stderr
