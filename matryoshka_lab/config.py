@@ -47,6 +47,10 @@ def _typed(name: str, kind: str, value):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false, got {value!r}")
         return value
+    if base == "str" and "tuple" in kind and isinstance(value, (list, tuple)):   # train_task: one name, or several
+        if not value or not all(isinstance(v, (str, os.PathLike)) for v in value):
+            raise ValueError(f"{name} must be a task name or a list of them, got {value!r}")
+        return str(value[0]) if len(value) == 1 else tuple(map(str, value))
     if base == "str":                          # eval_layers: 99 or [0, 3] are written as '99', '0,3'
         whole = lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
         if isinstance(value, (list, tuple)) and value and all(whole(v) for v in value):
@@ -80,7 +84,8 @@ class TrainConfig:
     method: str = DEFAULT_METHOD              # a registered method (methods.method_names()) or 'package.module:Attribute'
     loss_options: dict = field(default_factory=dict)   # the method's own options (Method.option_names())
     objective: str = "simcse"                 # simcse: unlabelled texts, two dropout views; infonce/cosent/angle: pairs
-    train_task: str = "wiki_sents"            # any task, or a path to your own data (03_data); simcse uses its texts, pair objectives its (train) pairs
+    train_task: str | tuple = "wiki_sents"    # any task, a path to your own data (03_data), or a list of them (each batch from one); simcse uses its texts, pair objectives its (train) pairs
+    train_mix: str = "round_robin"            # several train tasks: round_robin (one batch of each in turn, to the shortest) or proportional (every batch, shuffled)
     columns: dict = field(default_factory=dict)   # your own files' column renames, old -> new ('' drops one): train and eval files alike
     no_duplicates: bool = True                # a batch holds no text twice (a repeated positive is a false negative); false: the plain draw
     dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims, smallest first; 2DMSE draws d from those below D
@@ -118,6 +123,8 @@ class TrainConfig:
         dims = self.dims
         checks = [(self.objective in ("simcse",) + PAIR_OBJECTIVES,
                    f"objective must be simcse or one of {PAIR_OBJECTIVES}, got {self.objective!r}"),
+                  (self.train_mix in ("round_robin", "proportional"),
+                   f"train_mix must be round_robin or proportional, got {self.train_mix!r}"),
                   (self.schedule in ("linear", "cosine", "constant"),
                    f"schedule must be linear, cosine or constant, got {self.schedule!r}"),
                   (len(dims) >= 1 and min(dims) >= 1, f"dims must be positive prefix sizes, got {list(dims)}"),
@@ -149,12 +156,17 @@ class TrainConfig:
                 raise ValueError(message)
         if not isinstance(self.columns, dict):
             raise ValueError(f"columns must be a mapping of old to new column names, got {self.columns!r}")
-        object.__setattr__(self, "train_task", _task_path(self.train_task))   # your own data by its absolute path:
+        tasks = tuple(map(_task_path, self.train_tasks()))                   # your own data by its absolute path:
+        object.__setattr__(self, "train_task", tasks[0] if len(tasks) == 1 else tasks)
         object.__setattr__(self, "eval_tasks", tuple(map(_task_path, self.eval_tasks)))   # a resume finds it from anywhere
         get_method(self.method).check_options(self.loss_options)   # an unknown method or option: one clear error
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def train_tasks(self) -> tuple:
+        "The training tasks: train_task as a tuple of one or more names."
+        return self.train_task if isinstance(self.train_task, tuple) else (self.train_task,)
 
     def warmup_steps(self, max_steps: int | None = None) -> int:
         "Steps of the linear warm-up: warmup_ratio x max_steps (this config's, or the given one), rounded down."

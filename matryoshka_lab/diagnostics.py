@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .core import parse_dims
-from .data import Task, load_task
+from .data import RetrievalData, Task, load_task
 from .losses import _check_dims, _check_size
 from .plots import cka_heatmap, correlation_heatmap, level_curves, spectrum_bars   # torch-free figures
 from .methods import Callback
@@ -426,9 +426,10 @@ def probe_indices(n: int, size: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
 
 def probe_texts(task: Task, size: int, seed: int = 0) -> list[str]:
-    "A seeded sample of at most `size` non-empty texts of task's test split (train if it has none), in split order; pairs give both sides."
+    "A seeded sample of at most `size` non-empty texts of task's test split (train if it has none), in split order; pairs give both sides, retrieval its queries and corpus."
     split = task.test if task.test is not None else task.train
-    texts = split.text if hasattr(split, "text") else list(dict.fromkeys(split.sentence1 + split.sentence2))
+    texts = (split.text if hasattr(split, "text") else list(dict.fromkeys(split.queries + split.corpus))
+             if isinstance(split, RetrievalData) else list(dict.fromkeys(split.sentence1 + split.sentence2)))
     texts = [t for t in texts if t.strip()]
     if len(texts) < 2:
         raise ValueError(f"task {task.name!r} has {len(texts)} non-empty probe texts; diagnostics need at least 2")
@@ -493,7 +494,7 @@ class DiagnosticsCallback(Callback):
         if not trainer.dist.main:
             return
         cfg = trainer.config
-        self.probe = probe_texts(load_task(cfg.train_task, cfg.data_dir), self.probe_size, self.seed)
+        self.probe = probe_texts(load_task(cfg.train_tasks()[0], cfg.data_dir, cfg.columns), self.probe_size, self.seed)
         self.clock = TimeBudget(self.budget)
         self.measure(trainer)                  # step 0, or the step a resumed run goes on from
 

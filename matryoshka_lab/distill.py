@@ -137,7 +137,7 @@ def distill_options(cfg) -> DistillOptions:
 def distill_data(cfg) -> TrainData:
     "TrainData for distill_nc: cfg.train_task's training texts, target (the teacher's embeddings [N, D_T], integer labels [N])."
     opts = distill_options(cfg)
-    texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), opts.label_level)
+    texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir, cfg.columns), opts.label_level)
     label = np.unique(names, return_inverse=True)[1].reshape(-1).astype(np.int64)   # classes in sorted name order
     teacher = teacher_embeddings(opts.teacher, texts, opts.teacher_layer, cfg.max_length)
     return TrainData(texts, target=(teacher.numpy(), label))
@@ -186,7 +186,7 @@ class NC1Callback(Callback):
 
     def probe_set(self, cfg) -> tuple[list[str], np.ndarray]:
         "Texts and label names of cfg.train_task's test split at its label_level (distill_options), a seeded sample of at most max_probe."
-        texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir), distill_options(cfg).label_level, split="test")
+        texts, names = labelled_texts(load_task(cfg.train_task, cfg.data_dir, cfg.columns), distill_options(cfg).label_level, split="test")
         keep = probe_indices(len(texts), self.max_probe, self.seed)
         return [texts[i] for i in keep], names[keep]
 

@@ -26,6 +26,7 @@ class TrainData:
     text_b: list[str] | None = None
     target: np.ndarray | tuple | None = None
     negatives: tuple = ()             # hard-negative columns, each [N] texts: more candidates for b's side (InfoNCE)
+    sources: tuple = ()               # rows per dataset when several are concatenated (concat): a batch draws from one
 
     def __post_init__(self):
         n = len(self.text_a)
@@ -37,12 +38,37 @@ class TrainData:
         bad = [len(col) for col in self.negatives if len(col) != n]
         if bad:
             raise ValueError(f"every negative column needs one text per anchor ({n}), got {bad}")
+        if self.sources and sum(self.sources) != n:
+            raise ValueError(f"sources must count every row ({n}), got {list(self.sources)}")
         parts = self.target if isinstance(self.target, tuple) else () if self.target is None else (self.target,)
         bad = [len(p) for p in parts if len(p) != n]
         if bad:
             raise ValueError(f"every target array needs one row per text ({n}), got {bad}")
 
     def __len__(self): return len(self.text_a)
+
+    @staticmethod
+    def concat(parts: list, names: list | None = None) -> "TrainData":
+        "Several datasets' TrainData one after the other, with sources counting each one's rows; they must have the same columns and target."
+        names = names or [f"dataset {k + 1}" for k in range(len(parts))]
+        def shape(d):
+            arrays = d.target if isinstance(d.target, tuple) else () if d.target is None else (d.target,)
+            return (d.text_b is None, len(d.negatives), isinstance(d.target, tuple), tuple(np.asarray(x).shape[1:] for x in arrays))
+        what = ("texts only (SimCSE)", "negative columns", "a tuple target", "target shapes")
+        for name, d in zip(names[1:], parts[1:]):
+            for w, x, y in zip(what, shape(parts[0]), shape(d)):
+                if x != y:
+                    raise ValueError(f"{names[0]} and {name} cannot share a run: they differ in {w} ({x} and {y})")
+        first = parts[0]
+        def cat(xs):
+            return None if xs[0] is None else np.concatenate([np.asarray(x) for x in xs])
+        if isinstance(first.target, tuple):
+            target = tuple(cat([d.target[i] for d in parts]) for i in range(len(first.target)))
+        else:
+            target = cat([d.target for d in parts])
+        return TrainData([t for d in parts for t in d.text_a], None if first.text_b is None else [t for d in parts for t in d.text_b],
+                         target, tuple([t for d in parts for t in d.negatives[k]] for k in range(len(first.negatives))),
+                         tuple(len(d) for d in parts))
 
     @property
     def blocks(self) -> int:
@@ -82,21 +108,37 @@ class Callback:
 # %% ../nbs/01_methods.ipynb #07ac07b
 class BatchDraw:
     "Rows of micro-batch k of `data` (TrainData): epoch e is a permutation from seed + e cut into batches of batch_size; with no_duplicates, rows sharing a text with the batch are deferred to a later one."
-    def __init__(self, data, batch_size: int, seed: int = 0, no_duplicates: bool = True):
-        self.data, self.batch_size, self.seed, self.no_duplicates = data, int(batch_size), int(seed), no_duplicates
+    def __init__(self, data, batch_size: int, seed: int = 0, no_duplicates: bool = True, mix: str = "round_robin"):
+        if mix not in ("round_robin", "proportional"):
+            raise ValueError(f"mix must be round_robin or proportional, got {mix!r}")
+        self.data, self.batch_size, self.seed, self.no_duplicates, self.mix = data, int(batch_size), int(seed), no_duplicates, mix
         self.sizes: list[int] = []                 # batches per epoch, of the epochs drawn so far
         self._epoch = None                         # (epoch, its batches, rows deferred while drawing each)
 
     def epoch(self, e: int) -> tuple[list[list[int]], list[int]]:
         "Epoch e's batches and, for each, how many rows were passed over (deferred) while drawing it."
         if self._epoch is None or self._epoch[0] != e:
-            order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(self.seed + e)).tolist()
-            batches, deferred = self._draw(order)
+            sizes, drawn, start = self.data.sources or (len(self.data),), [], 0
+            for k, n in enumerate(sizes):                 # each dataset from a generator of its own (the first: seed + e)
+                order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + e + 1_000_003 * k))
+                drawn.append(list(zip(*self._draw((order + start).tolist()))) or [])
+                start += n
+            picked = self._mix(drawn, e)
+            batches, deferred = [b for b, _ in picked], [d for _, d in picked]
             if not batches:
                 raise ValueError(f"no batch of {self.batch_size} rows without a repeated text can be drawn from "
                                  f"{len(self.data)} rows: lower batch_size, or set no_duplicates: false")
             self._epoch = (e, batches, deferred)
         return self._epoch[1], self._epoch[2]
+
+    def _mix(self, drawn: list, e: int) -> list:
+        "One epoch's (batch, deferred) pairs from each dataset's: as they are for one, else in turn or shuffled."
+        if len(drawn) == 1:
+            return drawn[0]
+        if self.mix == "round_robin":
+            return [drawn[k][i] for i in range(min(map(len, drawn))) for k in range(len(drawn))]
+        every = [pair for pairs in drawn for pair in pairs]
+        return [every[i] for i in torch.randperm(len(every), generator=torch.Generator().manual_seed(self.seed + e)).tolist()]
 
     def _draw(self, order: list[int]) -> tuple[list[list[int]], list[int]]:
         B = self.batch_size

@@ -37,7 +37,7 @@ from .distributed import Dist, init_distributed
 from . import encoder as encoder_module
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
 from .losses import get_objective, read_floats
-from .methods import BatchDraw, Callback, CancelFit, LossContext, TrainData, get_method
+from .methods import BatchDraw, Callback, CancelFit, LossContext, Method, TrainData, get_method
 from .runs import RunInUse, RunLock, RunLog, read_run, run_holder, write_atomic, write_json
 
 # %% auto #0
@@ -88,12 +88,17 @@ def check_negatives(cfg: TrainConfig, method, data: TrainData) -> None:
         raise ValueError(f"method {cfg.method!r} encodes one view of each batch and takes no hard negatives")
 
 def training_data(cfg: TrainConfig) -> TrainData:
-    "The training data of cfg.method (Method.training_data), else objective_data(cfg); at least one batch of it."
-    data = get_method(cfg.method).training_data(cfg)
-    data = objective_data(cfg) if data is None else data
-    if len(data) < cfg.batch_size:
-        raise ValueError(f"task {cfg.train_task!r} gives {len(data)} training examples, fewer than batch_size {cfg.batch_size}")
-    return data
+    "The training data of cfg.method (Method.training_data), else objective_data(cfg) of each train task (several: concatenated, TrainData.concat); at least one batch of each."
+    tasks = cfg.train_tasks()
+    method = get_method(cfg.method)
+    if len(tasks) > 1 and type(method).training_data is not Method.training_data:
+        raise ValueError(f"method {cfg.method!r} makes its own training data from one task; train_task lists {len(tasks)}")
+    data = method.training_data(cfg) if len(tasks) == 1 else None
+    parts = [data] if data is not None else [objective_data(dataclasses.replace(cfg, train_task=t)) for t in tasks]
+    for task, part in zip(tasks, parts):
+        if len(part) < cfg.batch_size:
+            raise ValueError(f"task {task!r} gives {len(part)} training examples, fewer than batch_size {cfg.batch_size}")
+    return parts[0] if len(parts) == 1 else TrainData.concat(parts, list(tasks))
 
 def load_encoder(cfg: TrainConfig) -> Encoder:
     "The model a run of cfg starts from: cfg.model with cfg.pooling, its top cfg.reinit_layers re-drawn from cfg.seed (a cold start)."
@@ -402,7 +407,7 @@ class Trainer:
         if len(self.data) < config.batch_size:       # data passed in; training_data checks its own
             raise ValueError(f"the training data has {len(self.data)} examples, fewer than batch_size {config.batch_size}")
         check_negatives(config, self.method, self.data)
-        self.draw = BatchDraw(self.data, config.batch_size, config.seed, config.no_duplicates)   # micro-batch k: self.draw(k)
+        self.draw = BatchDraw(self.data, config.batch_size, config.seed, config.no_duplicates, config.train_mix)   # micro-batch k: self.draw(k)
         self.draw(0)                                  # data that gives no duplicate-free batch fails now
         seed_everything(config.seed + self.dist.rank)   # the model load draws nothing; dropout differs per process
         self.encoder = encoder or load_encoder(config)
@@ -557,7 +562,7 @@ class Trainer:
 # %% ../nbs/12_trainer.ipynb #08c023
 def data_record(cfg: TrainConfig) -> dict:
     "{path: data_fingerprint} of the run's own data: its train_task and eval_tasks that are paths (present)."
-    return {t: data_fingerprint(t) for t in dict.fromkeys([cfg.train_task, *cfg.eval_tasks])
+    return {t: data_fingerprint(t) for t in dict.fromkeys([*cfg.train_tasks(), *cfg.eval_tasks])
             if is_task_path(t) and Path(t).exists()}
 
 def data_changes(run_dir: str | Path, tasks) -> dict:
@@ -583,12 +588,12 @@ def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
     if not (path / "config.json").is_file() and (records or any((path / "checkpoints").glob("step_*"))):
         raise ValueError(f"run directory {str(path)!r} holds records (metrics.jsonl or checkpoints/) but no config.json: "
                          "it cannot be told apart from another run; use another run_dir")
-    for task, (before, now) in data_changes(path, dict.fromkeys([cfg.train_task, *cfg.eval_tasks])).items():
+    for task, (before, now) in data_changes(path, dict.fromkeys([*cfg.train_tasks(), *cfg.eval_tasks])).items():
         what = "is gone" if now is None else f"has changed since (fingerprint {before[:19]}..., now {now[:19]}...)"
-        if task == cfg.train_task and any((path / "checkpoints").glob("step_*")):
+        if task in cfg.train_tasks() and any((path / "checkpoints").glob("step_*")):
             raise ValueError(f"run directory {str(path)!r} trained on {task}, which {what}: a resume would draw other "
                              "batches. Restore the file, or use another run_dir")
-        if task != cfg.train_task:
+        if task not in cfg.train_tasks():
             warnings.warn(f"eval task {task} {what}: the run's earlier evaluations scored the data as it was", stacklevel=2)
 
 # %% ../nbs/12_trainer.ipynb #08c027

@@ -147,3 +147,27 @@ def test_two_files_of_one_name_are_refused_before_the_model(own_files, tmp_path)
     res = run("eval", "--model", "no/such/model", "--tasks", f"{own_files['sts']},{copy}", "--columns",
               "s1=sentence1,s2=sentence2,sim=score", "--out", str(tmp_path / "g.csv"))
     assert res.returncode == 2 and "tasks from different sources share the name 'sts'" in res.stderr, res.stderr
+
+
+def test_several_datasets_train_in_one_run_each_batch_from_one(own_files, tiny_model_dir, tmp_path):
+    "train_task: [pairs, more pairs] trains one run (round robin), records both files; datasets of other shapes are refused."
+    more = write_jsonl(tmp_path / "more.jsonl", [{"anchor": f"query {i}", "positive": f"passage {i}", "negative": f"other {i}",
+                                                  "negative_b": f"far {i}"} for i in range(12)])
+    run_dir = tmp_path / "mixed"
+    sets = [f"train_task=[{own_files['pairs']}, {more}]", "objective=infonce", f"model={tiny_model_dir}",
+            f"run_dir={run_dir}", "max_steps=4", "batch_size=4", "dims=[8,32]", "eval_every=-1", "diagnostics_every=2"]
+    res = run("train", str(CONFIG), "--no-progress", *[x for s in sets for x in ("--set", s)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((run_dir / "config.json").read_text())["train_task"] == [str(own_files["pairs"]), str(more)]
+    assert set(json.loads((run_dir / "data.json").read_text())) == {str(own_files["pairs"]), str(more)}
+    from matryoshka_lab.config import load_config
+    from matryoshka_lab.trainer import training_data
+    from matryoshka_lab.methods import BatchDraw
+    cfg = load_config(run_dir / "config.json")
+    data = training_data(cfg)
+    draw = BatchDraw(data, 4, cfg.seed, True, cfg.train_mix)
+    first = len(data) - 12
+    assert [{i < first for i in draw(k)} for k in range(4)] == [{True}, {False}, {True}, {False}]
+    res = run("train", str(CONFIG), "--no-progress", "--set", f"train_task=[{own_files['pairs']}, builtin_sts]",
+              "--set", "objective=infonce", "--set", f"run_dir={tmp_path / 'refused'}", "--set", "model=no/such/model")
+    assert res.returncode == 2 and "cannot share a run: they differ in negative columns (2 and 0)" in res.stderr, res.stderr

@@ -34,8 +34,8 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'distill_transfer_table', 'distill_tests_table', 'backbone_cost_table', 'watch_table', 'dashboard_table',
            'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
            'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
-           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'render_table', 'fill_tables',
-           'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'hard_negatives_table', 'render_table',
+           'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -816,6 +816,31 @@ def routing_table(results="results", dataset: str = "clinc150", alpha: float = 0
                                   "MRL full": f"at {d_mrl} dims", "gain, pp (paired over seeds)": f"{PAPER_ROUTING['gain_50_50_pp']:+.1f}"}
     return md_table(pd.DataFrame(rows).T.rename_axis(f"{dataset}, {len(res['seeds'])} seeds, coarse share {alpha:g}, evaluation"))
 
+# %% ../../nbs/studies/06_report.ipynb #21c014u
+def hard_negatives_table(results="results", task: str = "clinc150_intents") -> str:
+    "results/own_data/hard_negatives.json: `task`'s nDCG@10 x100 per condition (rows, the untrained model first) and dim: mean ± SD for the reference, mean (difference, Holm's p) for the others."
+    r = _result_file(results, "own_data", "hard_negatives.json", command="python experiments/hard_negatives.py")
+    summary, tests = pd.DataFrame(r["summary"]), pd.DataFrame(r["tests"])
+    if task not in set(summary.task):
+        raise ValueError(f"task {task!r} is not in hard_negatives.json; it has {sorted(set(summary.task))}")
+    s, t = summary[summary.task == task], tests[tests.task == task].set_index(["condition", "dim"])
+    untrained = {row["dim"]: f"{100 * row['value']:.2f}" for row in r["untrained"] if row["task"] == task}
+    rows = {"untrained": untrained}
+    tested = list(dict.fromkeys(tests.condition))
+    order = [c for c in dict.fromkeys(s.condition) if c not in tested] + tested      # the reference, then the file's order
+    for cond, g in sorted(s.groupby("condition"), key=lambda kv: order.index(kv[0])):
+        cells = {}
+        for row in g.itertuples():
+            if (cond, row.dim) in t.index:
+                d = t.loc[(cond, row.dim)]
+                cells[row.dim] = f"{100 * row.mean:.2f} ({100 * d.mean_diff:+.2f}, p {d.p_holm:.2f})"
+            else:
+                cells[row.dim] = f"{100 * row.mean:.2f} ± {100 * row.std:.2f}"
+        rows[cond] = cells
+    table = pd.DataFrame(rows).T
+    label = f"{task}, nDCG@10 x100, {len(r['seeds'])} seeds, {r['steps']} steps"
+    return md_table(table.rename(columns=lambda d: f"d = {d}").rename_axis(label))
+
 # %% ../../nbs/studies/06_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_table, "task_share": share_table,
           "step_time": step_time_table,
@@ -832,7 +857,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_tab
           "dashboard": dashboard_table,
           "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
-          "funnel": funnel_table, "query_latency": query_latency_table, "budget": budget_table}
+          "funnel": funnel_table, "hard_negatives": hard_negatives_table, "query_latency": query_latency_table, "budget": budget_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
