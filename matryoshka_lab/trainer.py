@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from .checkpoint import export_model, load_checkpoint, model_card, resume_checkpoint, save_checkpoint
 from .config import NEGATIVES_OBJECTIVES, TrainConfig, config_changes, load_config, make_config
 from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
-from .data import PairData, PositivePairs, RetrievalData, STSData, data_fingerprint, is_task_path, load_task
+from .data import PairData, PositivePairs, RetrievalData, STSData, data_fingerprint, is_task_path, load_task, task_name
 from .distributed import Dist, init_distributed
 from . import encoder as encoder_module
 from .encoder import Encoder, EncoderOutput, reinit_top_layers
@@ -561,17 +561,19 @@ class Trainer:
 
 # %% ../nbs/12_trainer.ipynb #08c023
 def data_record(cfg: TrainConfig) -> dict:
-    "{path: data_fingerprint} of the run's own data: its train_task and eval_tasks that are paths (present)."
-    return {t: data_fingerprint(t) for t in dict.fromkeys([*cfg.train_tasks(), *cfg.eval_tasks])
-            if is_task_path(t) and Path(t).exists()}
+    "{path: {name, fingerprint}} of the run's own data: its train and eval tasks that are paths (present); name: its rows' task name."
+    return {t: {"name": task_name(t), "fingerprint": data_fingerprint(t)}
+            for t in dict.fromkeys([*cfg.train_tasks(), *cfg.eval_tasks]) if is_task_path(t) and Path(t).exists()}
 
 def data_changes(run_dir: str | Path, tasks) -> dict:
     "{path: (recorded, now)} of the tasks whose data changed since the run in run_dir recorded it (data.json); a path no longer there: now None."
     path = Path(run_dir) / "data.json"
     try:
-        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError):
-        saved = {}
+        record = {}
+    saved = {t: v["fingerprint"] for t, v in record.items() if isinstance(v, dict) and isinstance(v.get("fingerprint"), str)} \
+        if isinstance(record, dict) else {}
     now = {t: data_fingerprint(t) if Path(t).exists() else None for t in tasks if t in saved}
     return {t: (saved[t], fp) for t, fp in now.items() if fp != saved[t]}
 

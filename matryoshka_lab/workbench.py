@@ -232,6 +232,16 @@ def _read_config(run_dir: Path, root: Path) -> dict:
     except ValueError:
         return {}
 
+def _data_names(run_dir: Path, root: Path) -> dict:
+    "{path: task name} of the run's own data files (its data.json, written by the trainer), {} when it has none."
+    try:
+        record = json.loads(read_file(run_dir / "data.json", root, CONFIG_BYTES))
+    except ValueError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    return {path: v["name"] for path, v in record.items() if isinstance(v, dict) and isinstance(v.get("name"), str)}
+
 class RunPickerMixin:
     "The header's run picker over the runs under `root`; open_run() sets the open run's `run_dir`, `tail` and `config`."
     def _init_runs(self, run: str | None) -> str | None:
@@ -251,7 +261,7 @@ class RunPickerMixin:
 
     def open_run(self, name: str | None) -> None:
         "Open run `name` (refused in the status line if it leads out of root): tail, curves, snapshots, Fractal results."
-        self.tail, self.run_dir, self.config = None, None, {}
+        self.tail, self.run_dir, self.config, self.data_names = None, None, {}, {}
         self.step.object = "step -"
         if name:
             try:
@@ -261,6 +271,7 @@ class RunPickerMixin:
                 self.status.object = f"refused: {err}"
             else:
                 self.config = _read_config(self.run_dir, self.root)
+                self.data_names = _data_names(self.run_dir, self.root)   # your own files' task names, by path
                 self.status.object = ""
         self.train_choice.options, self.train_choice.value = [], []
         self.eval_choice.options, self.eval_choice.value = [], []
@@ -279,7 +290,7 @@ class RunPickerMixin:
     def first_eval_task(self) -> str | None:
         "The open run's first configured eval task (its curves and grid are shown first), if its config names one."
         tasks = self.config.get("eval_tasks")
-        return tasks[0] if isinstance(tasks, list) and tasks else None
+        return self.data_names.get(tasks[0], tasks[0]) if isinstance(tasks, list) and tasks else None
 
 # %% ../nbs/24_workbench.ipynb #20c022
 class MonitorMixin:

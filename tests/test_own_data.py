@@ -74,10 +74,13 @@ def test_own_files_are_evaluated_trained_on_and_found_again(own_files, tiny_mode
     config = json.loads((run_dir / "config.json").read_text())
     assert config["train_task"] == str(own_files["pairs"].resolve())
     record = json.loads((run_dir / "data.json").read_text())
-    assert list(record) == [str(own_files["pairs"].resolve())] and record[config["train_task"]].startswith("sha256:")
+    assert record == {config["train_task"]: {"name": "pairs", "fingerprint": record[config["train_task"]]["fingerprint"]}}
+    assert record[config["train_task"]]["fingerprint"].startswith("sha256:")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert {m["name"] for m in metrics} >= {"deferred", "L3/d8/infonce", "pairs/L3/d8/ndcg_at_10"}
 
+    from matryoshka_lab.workbench import build_app                     # the workbench opens the run on its file's rows
+    assert build_app(tmp_path, "run").first_eval_task() == "pairs"
     res = run("eval", str(run_dir), "--out", str(tmp_path / "again.csv"), "--no-progress", cwd=tmp_path / "beir")
     assert res.returncode == 0 and "note:" not in res.stderr, res.stderr[-3000:]
     assert set(pd.read_csv(tmp_path / "again.csv").task) == {"pairs"}
