@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -113,23 +114,29 @@ class BatchDraw:
             raise ValueError(f"mix must be round_robin or proportional, got {mix!r}")
         self.data, self.batch_size, self.seed, self.no_duplicates, self.mix = data, int(batch_size), int(seed), no_duplicates, mix
         self.sizes: list[int] = []                 # batches per epoch, of the epochs drawn so far
-        self._epoch = None                         # (epoch, its batches, rows deferred while drawing each)
+        self._plans: dict = {}                     # epoch -> (its batches, rows deferred while drawing each): the last two
+        self._lock = threading.Lock()              # the step and the thread making the next batch ask at once
 
     def epoch(self, e: int) -> tuple[list[list[int]], list[int]]:
         "Epoch e's batches and, for each, how many rows were passed over (deferred) while drawing it."
-        if self._epoch is None or self._epoch[0] != e:
-            sizes, drawn, start = self.data.sources or (len(self.data),), [], 0
-            for k, n in enumerate(sizes):                 # each dataset from a generator of its own (the first: seed + e)
-                order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + e + 1_000_003 * k))
-                drawn.append(list(zip(*self._draw((order + start).tolist()))) or [])
-                start += n
-            picked = self._mix(drawn, e)
-            batches, deferred = [b for b, _ in picked], [d for _, d in picked]
-            if not batches:
-                raise ValueError(f"no batch of {self.batch_size} rows without a repeated text can be drawn from "
-                                 f"{len(self.data)} rows: lower batch_size, or set no_duplicates: false")
-            self._epoch = (e, batches, deferred)
-        return self._epoch[1], self._epoch[2]
+        with self._lock:
+            if e not in self._plans:
+                self._plans = {k: v for k, v in self._plans.items() if k == e - 1 or k == e + 1}
+                self._plans[e] = self._plan(e)
+            return self._plans[e]
+
+    def _plan(self, e: int) -> tuple[list[list[int]], list[int]]:
+        "Epoch e drawn: each dataset from a generator of its own (the first, or only one: seed + e), then mixed."
+        sizes, drawn, start = self.data.sources or (len(self.data),), [], 0
+        for k, n in enumerate(sizes):
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + e + 1_000_003 * k))
+            drawn.append(list(zip(*self._draw((order + start).tolist()))) or [])
+            start += n
+        picked = self._mix(drawn, e)
+        if not picked:
+            raise ValueError(f"no batch of {self.batch_size} rows without a repeated text can be drawn from "
+                             f"{len(self.data)} rows: lower batch_size, or set no_duplicates: false")
+        return [b for b, _ in picked], [d for _, d in picked]
 
     def _mix(self, drawn: list, e: int) -> list:
         "One epoch's (batch, deferred) pairs from each dataset's: as they are for one, else in turn or shuffled."
@@ -169,7 +176,10 @@ class BatchDraw:
         e = 0
         while True:
             if e == len(self.sizes):
-                self.sizes.append(len(self.epoch(e)[0]))
+                size = len(self.epoch(e)[0])
+                with self._lock:
+                    if e == len(self.sizes):
+                        self.sizes.append(size)
             if micro < self.sizes[e]:
                 return e, micro
             micro, e = micro - self.sizes[e], e + 1
