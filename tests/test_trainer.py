@@ -3,6 +3,7 @@ config mistakes."""
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -22,7 +23,7 @@ from matryoshka_lab import encoder as encoder_module
 from matryoshka_lab.encoder import Encoder, ModelNotAvailableError, resolve_model
 from matryoshka_lab.methods import CancelFit, Callback, TrainData
 from matryoshka_lab.runs import read_run
-from matryoshka_lab.trainer import BatchesAhead, CheckpointCallback, Trainer
+from matryoshka_lab.trainer import BatchesAhead, CheckpointCallback, Trainer, method_views
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -587,3 +588,30 @@ def test_a_repeated_positive_is_a_false_negative_the_duplicate_free_draw_never_f
         copies = torch.tensor([[j != k and b[j] == b[k] for k in range(len(b))] for j in range(len(b))])
         intended = torch.nn.functional.cross_entropy(logits.masked_fill(copies, float("-inf")), torch.arange(len(a)))
     assert copies.any() and info_nce(ea, eb) > intended + 0.05, (info_nce(ea, eb), intended)
+
+
+@pytest.mark.parametrize("method", ["base", "mrl", "2dmse", "ese", "mipic", "mic", "distill_nc"])
+def test_hard_negatives_reach_every_method_that_takes_candidates(method, tiny_encoder, tmp_path):
+    "Each method's loss sees the negatives as more candidates (its value moves when they do); distill_nc refuses them before step 1."
+    from matryoshka_lab.methods import get_method
+    n = 16
+    data = TrainData([f"question {i} about {i % 4}" for i in range(n)], [f"answer {i}" for i in range(n)],
+                     negatives=([f"a wrong answer {i}" for i in range(n)],))
+    cfg = make_config({"run_dir": str(tmp_path), "method": method, "objective": "infonce", "batch_size": 8, "max_length": 16,
+                       "dims": [8, 16, 32], "eval_every": -1, "max_steps": 1,
+                       "loss_options": {"compression_size": 8} if method == "ese" else {}})
+    enc = tiny_encoder("bert")
+    if get_method(method).single_view:
+        with pytest.raises(ValueError, match="encodes one view of each batch and takes no hard negatives"):
+            Trainer(cfg, encoder=enc, data=data, progress=False, drop=(Callback,))
+        return
+    trainer = Trainer(cfg, encoder=enc, data=data, progress=False, drop=(Callback,))
+    idx = trainer.batch_indices(0)
+    a, b = data.texts(idx)
+    assert b[:8] == [data.text_b[i] for i in idx] and b[8:] == [data.negatives[0][i] for i in idx]
+    with torch.no_grad():
+        views = method_views(trainer.method, enc, a, b, 16, blocks=data.blocks)
+        fewer = method_views(trainer.method, enc, a, b[:8], 16)
+        value = lambda v: trainer.loss_fn(*v, None, generator=torch.Generator().manual_seed(0)).total.item()
+        with_negatives, without = value(views), value(fewer)
+    assert math.isfinite(with_negatives) and abs(with_negatives - without) > 1e-4, (with_negatives, without)
