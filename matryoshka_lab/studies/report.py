@@ -818,13 +818,13 @@ def routing_table(results="results", dataset: str = "clinc150", alpha: float = 0
 
 # %% ../../nbs/studies/06_report.ipynb #21c014u
 def hard_negatives_table(results="results", task: str = "clinc150_intents") -> str:
-    "results/own_data/hard_negatives.json: `task`'s nDCG@10 x100 per condition (rows, the untrained model first) and dim: mean ± SD for the reference, mean (difference, Holm's p) for the others."
+    "results/own_data/hard_negatives.json: `task`'s nDCG@10 (x100, as the grid stores it) per condition (rows, the untrained model first) and dim: mean ± SD for the reference, mean (difference, Holm's p) for the others."
     r = _result_file(results, "own_data", "hard_negatives.json", command="python experiments/hard_negatives.py")
     summary, tests = pd.DataFrame(r["summary"]), pd.DataFrame(r["tests"])
     if task not in set(summary.task):
         raise ValueError(f"task {task!r} is not in hard_negatives.json; it has {sorted(set(summary.task))}")
     s, t = summary[summary.task == task], tests[tests.task == task].set_index(["condition", "dim"])
-    untrained = {row["dim"]: f"{100 * row['value']:.2f}" for row in r["untrained"] if row["task"] == task}
+    untrained = {row["dim"]: f"{row['value']:.2f}" for row in r["untrained"] if row["task"] == task}
     rows = {"untrained": untrained}
     tested = list(dict.fromkeys(tests.condition))
     order = [c for c in dict.fromkeys(s.condition) if c not in tested] + tested      # the reference, then the file's order
@@ -833,9 +833,9 @@ def hard_negatives_table(results="results", task: str = "clinc150_intents") -> s
         for row in g.itertuples():
             if (cond, row.dim) in t.index:
                 d = t.loc[(cond, row.dim)]
-                cells[row.dim] = f"{100 * row.mean:.2f} ({100 * d.mean_diff:+.2f}, p {d.p_holm:.2f})"
+                cells[row.dim] = f"{row.mean:.2f} ({d.mean_diff:+.2f}, p {d.p_holm:.2f})"
             else:
-                cells[row.dim] = f"{100 * row.mean:.2f} ± {100 * row.std:.2f}"
+                cells[row.dim] = f"{row.mean:.2f} ± {row.std:.2f}"
         rows[cond] = cells
     table = pd.DataFrame(rows).T
     label = f"{task}, nDCG@10 x100, {len(r['seeds'])} seeds, {r['steps']} steps"
