@@ -32,7 +32,8 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.methods import Callback, TrainData
 from matryoshka_lab import losses as losses_module, mipic as mipic_module, trainer as trainer_module
-from matryoshka_lab.trainer import Trainer, pin_batch
+from matryoshka_lab.batches import pin_batch
+from matryoshka_lab.trainer import Trainer
 
 from gpu_step import bare_step                     # bench/ is the script's folder: the same bare step
 

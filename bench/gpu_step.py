@@ -74,7 +74,8 @@ from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.losses import ese_projection
 from matryoshka_lab.methods import Callback, TrainData
 from matryoshka_lab.runs import write_json
-from matryoshka_lab.trainer import Trainer, pin_batch
+from matryoshka_lab.batches import pin_batch
+from matryoshka_lab.trainer import Trainer
 from timing import clock                          # bench/ is the script's folder
 
 TASKS = ("stsb", "sickr")                       # their test sentences (bench/device_payload.py carries these tasks)

@@ -38,7 +38,7 @@ from matryoshka_lab.core import provenance
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.runs import write_json
-from matryoshka_lab.trainer import BatchesAhead
+from matryoshka_lab.batches import BatchesAhead
 
 LOOP_OPS = 2000   # iterations of three tiny ops: about the host time of a step on this machine
 

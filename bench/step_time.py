@@ -41,7 +41,7 @@ from matryoshka_lab.mipic import MIPIC
 from matryoshka_lab.runs import write_json
 from matryoshka_lab.studies.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
-from matryoshka_lab.trainer import method_views
+from matryoshka_lab.views import method_views
 from timing import clock                          # bench/ is the script's folder
 
 DIMS = [16, 32, 64, 128, 256, 384]

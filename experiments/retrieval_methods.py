@@ -26,7 +26,7 @@ from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import evaluate, parse_precisions
 from matryoshka_lab.runs import write_atomic
 from matryoshka_lab.studies.baselines import STS_TEST, baseline_config, read_results, run_one, save_results
-from matryoshka_lab.trainer import load_encoder
+from matryoshka_lab.recipe import load_encoder
 
 METHODS = ("untrained", "base", "mrl", "2dmse", "ese", "mipic", "mic")
 TASKS = ("arxiv_title_abstract", "stsb_paraphrase", "banking77_intents")

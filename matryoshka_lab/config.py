@@ -91,7 +91,9 @@ class TrainConfig:
     dims: tuple = (16, 32, 64, 128, 256, 384) # MRL's nested dims, smallest first; 2DMSE draws d from those below D
     max_steps: int = 200
     batch_size: int = 32
-    grad_accum: int = 1                       # micro-batches per optimizer step
+    grad_accum: int = 1                       # micro-batches per optimizer step (each sees only its own negatives)
+    mini_batch_size: int | None = None        # GradCache: each process encodes its batch this many rows at a time, the loss sees the whole batch (11_views); None: one pass
+    mini_batch_tokens: int | None = None      # GradCache mini-batches cut by padded tokens (rows x longest, longest first; token-state methods: x the batch's length); with mini_batch_size, both limits
     lr: float = 3e-5
     loss_lr: float | None = None              # lr of a loss's own parameters (MIPIC's P_i, phi_i; distill_nc's projections); None: lr (configs/mipic.yaml: 1e-2, studies/02_baselines)
     weight_decay: float = 0.01
@@ -134,6 +136,10 @@ class TrainConfig:
                   (self.max_steps >= 1, f"max_steps must be at least 1, got {self.max_steps}"),
                   (self.batch_size >= 2, f"batch_size must be at least 2 (in-batch negatives), got {self.batch_size}"),
                   (self.grad_accum >= 1, f"grad_accum must be at least 1, got {self.grad_accum}"),
+                  (self.mini_batch_size is None or self.mini_batch_size >= 1,
+                   f"mini_batch_size must be at least 1 (None: no mini-batches), got {self.mini_batch_size}"),
+                  (self.mini_batch_tokens is None or self.mini_batch_tokens >= self.max_length,
+                   f"mini_batch_tokens must hold one text of max_length {self.max_length} tokens, got {self.mini_batch_tokens}"),
                   (self.lr > 0, f"lr must be positive, got {self.lr}"),
                   (self.loss_lr is None or self.loss_lr > 0, f"loss_lr must be positive, got {self.loss_lr}"),
                   (self.weight_decay >= 0, f"weight_decay must be 0 or more, got {self.weight_decay}"),
@@ -213,7 +219,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
 
 # %% ../nbs/09_config.ipynb #08ac06
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
+                     "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers",
+                     "mini_batch_size", "mini_batch_tokens", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
 FORMER_DEFAULTS = {"no_duplicates": False}   # newer fields' values in runs made before them: the plain draw
 

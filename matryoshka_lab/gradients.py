@@ -8,7 +8,9 @@ from __future__ import annotations
 import torch
 
 from .methods import Callback, get_method
-from .trainer import Trainer, batch_target, method_views
+from .batches import batch_target
+from .trainer import Trainer
+from .views import method_views
 
 # %% auto #0
 __all__ = ['task_term', 'gradient_share']

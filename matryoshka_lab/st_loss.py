@@ -16,7 +16,8 @@ from .encoder import Encoder
 from .fractal import fractal_step, new_head, positive_levels, positive_rows, supervision
 from .fractal_runner import fractal_config
 from .methods import TrainData, get_method
-from .trainer import make_loss, method_views
+from .recipe import make_loss
+from .views import CachedViews, method_views
 
 # %% auto #0
 __all__ = ['ST_POOLING', 'st_parts', 'target_layout', 'pack_target', 'unpack_labels', 'st_dataset', 'one_batch',
@@ -101,7 +102,7 @@ def one_batch(features: list, pad_id: int, side: str = "right") -> dict:
     return out
 
 class MatryoshkaLabLoss(nn.Module):
-    "A matryoshka_lab method as a sentence-transformers loss: make_loss of a TrainConfig(method, loss_options, objective, **config) on every layer of `model`."
+    "A matryoshka_lab method as a sentence-transformers loss: make_loss of a TrainConfig(method, loss_options, objective, **config) on every layer of `model`; config's mini_batch_size / mini_batch_tokens cache the batch's gradients (views.CachedViews)."
     def __init__(self, model, method: str = "mrl", loss_options: dict | None = None, objective: str = "simcse",
                  data: TrainData | None = None, **config):
         super().__init__()
@@ -134,8 +135,11 @@ class MatryoshkaLabLoss(nn.Module):
                              f"{' or '.join(NEGATIVES_OBJECTIVES)}")
         encoder = self.encoder()
         side_b = one_batch(features[1:] or features, self.tokenizer.pad_token_id or 0, self.tokenizer.padding_side)
-        a, b = method_views(get_method(self.config.method), encoder, features[0], side_b,   # as our trainer encodes
-                            blocks=max(1, len(features) - 1))
+        method, blocks, cfg = get_method(self.config.method), max(1, len(features) - 1), self.config
+        cache = CachedViews(method, encoder, features[0], side_b, blocks=blocks, size=cfg.mini_batch_size,
+                            tokens=cfg.mini_batch_tokens) \
+            if torch.is_grad_enabled() and (cfg.mini_batch_size or cfg.mini_batch_tokens) else None
+        a, b = cache.views if cache else method_views(method, encoder, features[0], side_b, blocks=blocks)   # as our trainer encodes
         target = unpack_labels(labels, self.layout)
         if isinstance(target, torch.Tensor):
             target = target.to(encoder.device)
@@ -145,7 +149,16 @@ class MatryoshkaLabLoss(nn.Module):
         if not torch.isfinite(self.last.total):
             raise FloatingPointError(f"{self.config.method} loss is {self.last.total.item()} (parts: {self.last.floats()}); "
                                      f"lower the learning rate or check the data")
-        return self.last.total
+        return self.last.total if cache is None else _then(self.last.total, cache.backward)
+
+def _then(total: torch.Tensor, after) -> torch.Tensor:
+    "total's value, whose backward runs total's own (into the cached views) and then `after` (their mini-batches' pass), as sentence-transformers' cached losses do."
+    def backward(grad):
+        total.backward(grad)
+        after()
+    out = total.detach().requires_grad_()
+    out.register_hook(backward)
+    return out
 
 # %% ../nbs/22_sentence_transformers.ipynb #23c019
 class FractalLoss(nn.Module):

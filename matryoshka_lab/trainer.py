@@ -5,172 +5,35 @@
 # %% ../nbs/12_trainer.ipynb #08c003
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 import json
 import math
-import multiprocessing
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import warnings
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
-import yaml
 from tqdm.auto import tqdm
 
 from .checkpoint import export_model, load_checkpoint, model_card, resume_checkpoint, save_checkpoint
-from .config import NEGATIVES_OBJECTIVES, TrainConfig, config_changes, load_config, make_config
+from .batches import BatchesAhead, batch_target
+from .config import TrainConfig, config_changes
 from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
-from .data import PairData, PositivePairs, RetrievalData, STSData, data_fingerprint, is_task_path, load_task, task_name
-from .distributed import Dist, init_distributed
-from . import encoder as encoder_module
-from .encoder import Encoder, EncoderOutput, reinit_top_layers
-from .losses import get_objective, read_floats
-from .methods import BatchDraw, Callback, CancelFit, LossContext, Method, TrainData, get_method
-from .runs import RunInUse, RunLock, RunLog, read_run, run_holder, write_atomic, write_json
+from .data import data_fingerprint, is_task_path, load_task, task_name
+from .distributed import init_distributed
+from .encoder import Encoder
+from .losses import read_floats
+from .methods import BatchDraw, Callback, CancelFit, TrainData, get_method
+from .recipe import check_negatives, load_encoder, make_loss, training_data
+from .runs import RunLock, RunLog, write_atomic, write_json
+from .views import CachedViews, method_views
 
 # %% auto #0
-__all__ = ['objective_data', 'check_negatives', 'training_data', 'load_encoder', 'make_loss', 'method_view', 'method_views',
-           'batch_target', 'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes',
-           'add_callbacks', 'pin_batch', 'BatchesAhead', 'make_optimizer', 'Trainer', 'data_record', 'data_changes',
-           'check_run_dir', 'Launched', 'launch']
-
-# %% ../nbs/12_trainer.ipynb #08c011
-def _split_texts(split) -> list[str]:
-    "Every distinct text of a training split, for SimCSE."
-    if hasattr(split, "text"):
-        return list(split.text)
-    if isinstance(split, PositivePairs):
-        return list(dict.fromkeys([*split.anchor, *split.positive, *(t for col in split.negatives for t in col)]))
-    if isinstance(split, RetrievalData):
-        return list(dict.fromkeys([*split.queries, *split.corpus]))
-    return list(dict.fromkeys(split.sentence1 + split.sentence2))
-
-def objective_data(cfg: TrainConfig) -> TrainData:
-    "The texts (simcse) or pairs (the pair objectives; with their hard negatives under infonce) of cfg.train_task's training split that cfg.objective needs."
-    task = load_task(cfg.train_task, cfg.data_dir, cfg.columns)
-    split = task.train if task.train is not None else task.test
-    if cfg.objective == "simcse":
-        return TrainData([t for t in _split_texts(split) if t.strip()])
-    if cfg.objective in NEGATIVES_OBJECTIVES and isinstance(split, PositivePairs):      # (anchor, positive, negative...)
-        return TrainData(list(split.anchor), list(split.positive), negatives=split.negatives)
-    if cfg.objective in NEGATIVES_OBJECTIVES and isinstance(split, RetrievalData):      # a query with each relevant document
-        rows = [(q, split.corpus[j]) for q, rel in zip(split.queries, split.qrels) for j in rel]
-        return TrainData([q for q, _ in rows], [d for _, d in rows])
-    if isinstance(split, STSData) and cfg.objective != "infonce":
-        return TrainData(list(split.sentence1), list(split.sentence2), split.score.astype(np.float32))
-    if isinstance(split, (STSData, PairData)) and cfg.objective in NEGATIVES_OBJECTIVES:   # positives: scored high enough, or labelled 1
-        keep = split.score >= cfg.min_pair_score if isinstance(split, STSData) else split.label == 1
-        return TrainData([s for s, k in zip(split.sentence1, keep) if k], [s for s, k in zip(split.sentence2, keep) if k])
-    raise ValueError(f"objective {cfg.objective!r} needs scored pairs (an STS task such as stsb) or, for infonce, "
-                     f"positive pairs; task {cfg.train_task!r} is {task.kind}"
-                     f"{' (anchor, positive[, negative...] pairs)' if isinstance(split, PositivePairs) else ''}")
-
-def check_negatives(cfg: TrainConfig, method, data: TrainData) -> None:
-    "Refuse (ValueError) hard negatives that cfg's objective or method would not use as candidates."
-    if not data.negatives:
-        return
-    if cfg.objective not in NEGATIVES_OBJECTIVES:
-        raise ValueError(f"the training data has {len(data.negatives)} hard-negative column(s), which objective "
-                         f"{cfg.objective!r} does not take: use objective {' or '.join(NEGATIVES_OBJECTIVES)}")
-    if method.single_view:
-        raise ValueError(f"method {cfg.method!r} encodes one view of each batch and takes no hard negatives")
-
-def training_data(cfg: TrainConfig) -> TrainData:
-    "The training data of cfg.method (Method.training_data), else objective_data(cfg) of each train task (several: concatenated, TrainData.concat); at least one batch of each."
-    tasks = cfg.train_tasks()
-    method = get_method(cfg.method)
-    if len(tasks) > 1 and type(method).training_data is not Method.training_data:
-        raise ValueError(f"method {cfg.method!r} makes its own training data from one task; train_task lists {len(tasks)}")
-    data = method.training_data(cfg) if len(tasks) == 1 else None
-    parts = [data] if data is not None else [objective_data(dataclasses.replace(cfg, train_task=t)) for t in tasks]
-    for task, part in zip(tasks, parts):
-        if len(part) < cfg.batch_size:
-            raise ValueError(f"task {task!r} gives {len(part)} training examples, fewer than batch_size {cfg.batch_size}")
-    return parts[0] if len(parts) == 1 else TrainData.concat(parts, list(tasks))
-
-def load_encoder(cfg: TrainConfig) -> Encoder:
-    "The model a run of cfg starts from: cfg.model with cfg.pooling, its top cfg.reinit_layers re-drawn from cfg.seed (a cold start)."
-    encoder = Encoder.from_pretrained(cfg.model, pooling=cfg.pooling)
-    return reinit_top_layers(encoder, cfg.reinit_layers, seed=cfg.seed) if cfg.reinit_layers else encoder
-
-# %% ../nbs/12_trainer.ipynb #08c012
-def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None,
-              pooling: str | None = None):
-    "The loss of cfg.method over cfg.objective: its Method's build on the encoder's size, layers and pooling and the data."
-    base = get_objective(cfg.objective)
-    scale = 1.0 / cfg.temperature
-    def objective(a, b, target=None):
-        return base(a, b, target, scale=scale)
-    objective.__name__ = cfg.objective
-    for form in ("prefixes", "stacked"):   # its batched forms, over prefix sizes and over stacked pairs, at the same scale
-        if hasattr(base, form):
-            setattr(objective, form, functools.partial(getattr(base, form), scale=scale))
-    method = get_method(cfg.method)
-    ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)
-    return method.build(ctx, method.check_options(cfg.loss_options))
-
-# %% ../nbs/12_trainer.ipynb #08c012y
-def _tensors(encoder: Encoder, side, max_length: int) -> dict:
-    "One side's model inputs: its texts tokenised, or the tensors of an already tokenised batch."
-    return (encoder.tokenize(list(side), max_length) if isinstance(side, (list, tuple))
-            else {k: v for k, v in side.items() if isinstance(v, torch.Tensor)})
-
-def _blocks_in_order(x: torch.Tensor, blocks: int, world: int, dim: int) -> torch.Tensor:
-    "Rows gathered from `world` processes, each process's [blocks x n] along dim, put block after block: every process's positives, then every process's first negatives, ..."
-    if blocks == 1 or world == 1:
-        return x
-    n = x.shape[dim] // (world * blocks)
-    order = torch.arange(x.shape[dim], device=x.device).view(world, blocks, n).transpose(0, 1).reshape(-1)
-    return x.index_select(dim, order)
-
-def _as_method_takes(method, out: EncoderOutput, dist: Dist, blocks: int = 1):
-    "One view's EncoderOutput as `method`'s loss takes it (pooled [L+1, B, D], or with token states), gathered over processes; a side of `blocks` row blocks (positives, negative columns) keeps them block after block."
-    pooled = _blocks_in_order(dist.gather(out.pooled.float()), blocks, dist.world, 1)
-    if not method.needs_tokens:
-        return pooled
-    return EncoderOutput(pooled=pooled, layers=out.layers,
-                         attention_mask=_blocks_in_order(dist.gather_padded(out.attention_mask, 0, 1), blocks, dist.world, 0),
-                         hidden=_blocks_in_order(dist.gather_padded(out.hidden.float(), 1, 2), blocks, dist.world, 1))
-
-def method_view(method, encoder: Encoder, side, max_length: int = 32, dist: Dist = Dist(), blocks: int = 1):
-    "One side of a batch (texts, or tokenizer tensors) encoded as `method`'s loss takes it, gathered over processes (`blocks`: its row blocks, _as_method_takes)."
-    out = encoder(**_tensors(encoder, side, max_length), tokens=method.needs_tokens)
-    return _as_method_takes(method, out, dist, blocks)
-
-def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dist = Dist(), one_pass: bool | None = None,
-                 blocks: int = 1):
-    "The views (a, b) of one batch for `method`'s loss: each side encoded once (method_view), one pass when method.single_view; `one_pass` (default: off the CPU) runs two views of the same tokens (b is a) as one pass of the doubled batch; b's `blocks`: the positives and each hard-negative column (TrainData.blocks)."
-    if method.single_view:
-        va = method_view(method, encoder, a, max_length, dist)
-        return va, va
-    if b is a and (encoder.device.type != "cpu" if one_pass is None else one_pass):
-        inputs = _tensors(encoder, a, max_length)
-        out = encoder(**{k: torch.cat([v, v]) for k, v in inputs.items()}, tokens=method.needs_tokens)
-        n = out.attention_mask.shape[0] // 2
-        return tuple(_as_method_takes(method, EncoderOutput(out.pooled[:, rows], out.layers, out.attention_mask[rows],
-                                                            None if out.hidden is None else out.hidden[:, rows]), dist)
-                     for rows in (slice(0, n), slice(n, None)))
-    return method_view(method, encoder, a, max_length, dist), method_view(method, encoder, b, max_length, dist, blocks)
-
-def batch_target(rows, device) -> torch.Tensor | tuple | None:
-    "A batch's target rows (TrainData.rows: None, an array or a tuple of arrays) as tensors on device."
-    if rows is None:
-        return None
-    if isinstance(rows, tuple):
-        return tuple(batch_target(r, device) for r in rows)
-    return torch.as_tensor(rows).to(device, non_blocking=True)    # pinned (pin_batch): no wait for the device's queue
+__all__ = ['preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes', 'add_callbacks',
+           'make_optimizer', 'Trainer', 'data_record', 'data_changes', 'check_run_dir']
 
 # %% ../nbs/12_trainer.ipynb #08c018
 def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> list:
@@ -282,97 +145,6 @@ def add_callbacks(defaults: list, callbacks=(), drop=()) -> list:
     kept = [c for c in defaults if not isinstance(c, drop) and type(c) not in given]
     return sorted(kept + list(callbacks), key=lambda c: c.order)
 
-# %% ../nbs/12_trainer.ipynb #61c1a78e
-def _sides(batch: tuple, convert) -> tuple:
-    "A host batch (rows, side_a, side_b) with `convert` applied to each side's token tensors; side_b stays side_a when it is."
-    rows, side_a, side_b = batch
-    a = {k: convert(v) for k, v in side_a.items()}
-    return rows, a, a if side_b is side_a else {k: convert(v) for k, v in side_b.items()}
-
-def _pinned_rows(rows):
-    "Target rows (None, an array or a tuple of arrays) as tensors in pinned memory."
-    if rows is None:
-        return None
-    return tuple(map(_pinned_rows, rows)) if isinstance(rows, tuple) else torch.as_tensor(rows).pin_memory()
-
-def pin_batch(batch: tuple) -> tuple:
-    "A host batch with its target rows and token tensors in pinned memory: copied to a GPU without blocking."
-    _, side_a, side_b = _sides(batch, torch.Tensor.pin_memory)
-    return _pinned_rows(batch[0]), side_a, side_b
-
-_worker_make = None            # a worker process's batch maker: inherited when BatchesAhead forks it
-
-def _start_worker(make, parent: int) -> None:
-    global _worker_make
-    _worker_make = make
-    torch.set_num_threads(1)      # as DataLoader's workers: the intra-op pool the parent used does not survive a fork
-    encoder_module._TOKENIZER_LOCK = threading.Lock()   # a thread tokenising at the fork held it: never released here
-    try:                          # Linux ends this process when its parent dies: a killed trainer leaves no worker waiting
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)       # prctl(PR_SET_PDEATHSIG, SIGKILL)
-    except (OSError, AttributeError):                    # not Linux: the worker ends with the parent's atexit, or lingers
-        pass
-    if os.getppid() != parent:                           # the parent died before that request
-        os._exit(0)
-
-def _make_in_worker(micro: int) -> tuple:
-    "Micro-batch `micro`, made in a worker process; its tokens travel back as numpy arrays (plain bytes)."
-    return _sides(_worker_make(micro), torch.Tensor.numpy)
-
-def _fork_workers(workers: int, make) -> ProcessPoolExecutor:
-    "`workers` processes forked now, each holding `make`, tokenising on one thread."
-    before = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"     # read by the children at the fork: no warning, no dead thread pool
-    try:
-        with warnings.catch_warnings():                 # Python 3.12+ warns that forking a threaded process may deadlock
-            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                       initializer=_start_worker, initargs=(make, os.getpid()))
-            pool.submit(int).result()                   # the first task forks every worker, under this environment
-    finally:
-        if before is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM")
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = before
-    return pool
-
-class BatchesAhead:
-    "`make(micro)` for micro-batches asked in order, the next ones made while one trains: in a thread (workers=0) or in `workers` forked processes; pinned when `pin`."
-    def __init__(self, make, workers: int = 0, pin: bool = False):
-        self.make, self.workers, self.pin = make, workers, pin
-        self.ahead, self._pool = {}, None           # micro -> its future; the thread or processes, started when first asked
-
-    def __call__(self, micro: int) -> tuple:
-        "Micro-batch `micro` (made now when it was not asked ahead); asks for the max(1, workers) after it."
-        if self._pool is None:
-            self._pool = _fork_workers(self.workers, self.make) if self.workers else \
-                ThreadPoolExecutor(1, thread_name_prefix="matryoshka-batches")
-        ahead = self.ahead.pop(micro, None)
-        batch = self._made(micro) if ahead is None else self._result(micro, ahead)
-        self.ahead = {m: self.ahead.get(m) or self._pool.submit(_make_in_worker if self.workers else self._made, m)
-                      for m in range(micro + 1, micro + 1 + max(1, self.workers))}
-        return batch
-
-    def _made(self, micro: int) -> tuple:
-        batch = self.make(micro)
-        return pin_batch(batch) if self.pin else batch
-
-    def _result(self, micro: int, ahead) -> tuple:
-        if not self.workers:
-            return ahead.result()
-        try:
-            batch = _sides(ahead.result(), torch.from_numpy)
-        except BrokenProcessPool as err:
-            self.close()
-            raise RuntimeError(f"the process making micro-batch {micro} died (out of memory, or killed); "
-                               "batch_workers: 0 makes batches in a thread instead") from err
-        return pin_batch(batch) if self.pin else batch
-
-    def close(self) -> None:
-        "Stop the thread or processes (a batch asked later starts them again)."
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        self.ahead, self._pool = {}, None
-
 # %% ../nbs/12_trainer.ipynb #08c020
 def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module | None = None):
     "AdamW (a loss's own parameters at cfg.loss_lr; no decay on those flagged no_weight_decay; fused on a GPU) and its warm-up schedule."
@@ -427,6 +199,7 @@ class Trainer:
         self.precision = resolve_precision("auto" if config.amp else "fp32", device) if device.type == "cuda" else "fp32"
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
         workers = config.batch_workers if config.batch_workers is not None else int(device.type == "cuda")
+        self.cached = config.mini_batch_size is not None or config.mini_batch_tokens is not None   # GradCache (views)
         self.batches = BatchesAhead(self.prepare, workers, pin=device.type == "cuda")   # micro-batch k: self.batches(k)
         self.callbacks = add_callbacks(default_callbacks(config, eval_tasks), callbacks, drop)
         self.step, self.out, self.log, self.bar = 0, None, None, None
@@ -458,11 +231,17 @@ class Trainer:
             on_device = {k: v.to(enc.device, non_blocking=True) for k, v in side_a.items()}
             views = (on_device, on_device if side_b is side_a else {k: v.to(enc.device, non_blocking=True) for k, v in side_b.items()})
             with autocast(self.precision, enc.device):
-                a, b = method_views(self.method, enc, *views, cfg.max_length, self.dist, blocks=self.data.blocks)
+                cache = CachedViews(self.method, enc, *views, cfg.max_length, self.dist, self.data.blocks,
+                                    cfg.mini_batch_size, cfg.mini_batch_tokens) if self.cached else None
+                a, b = cache.views if cache else method_views(self.method, enc, *views, cfg.max_length, self.dist,
+                                                              blocks=self.data.blocks)
                 self.out = self.loss_fn(a, b, target, generator=self.loss_gen)
             self._fire("after_loss")
             loss = self.out.total if cfg.grad_accum == 1 else self.out.total / cfg.grad_accum
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()   # cached: into the views
+            if cache:
+                with autocast(self.precision, enc.device):
+                    cache.backward()                                          # then through each mini-batch
             total = loss.detach() if m == 0 else total + loss.detach()
             for k, v in self.out.parts.items():   # on the device, read once a log step; one micro-batch's as they are:
                 v = v if cfg.grad_accum == 1 else v / cfg.grad_accum          # no kernel a part (MIPIC logs 76)
@@ -597,51 +376,3 @@ def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
                              "batches. Restore the file, or use another run_dir")
         if task not in cfg.train_tasks():
             warnings.warn(f"eval task {task} {what}: the run's earlier evaluations scored the data as it was", stacklevel=2)
-
-# %% ../nbs/12_trainer.ipynb #08c027
-@dataclass
-class Launched:
-    "A training run in a background process; read its run directory while it trains."
-    proc: subprocess.Popen
-    run_dir: Path
-    log_path: Path
-
-    @property
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def read(self):
-        "The run directory as it is now (config, metrics, snapshots)."
-        return read_run(self.run_dir)
-
-    def wait(self, timeout: float | None = None) -> "Launched":
-        "Block until the run ends; a failed run raises with the end of its log."
-        if self.proc.wait(timeout) != 0:
-            tail = self.log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise RuntimeError(f"training in {str(self.run_dir)!r} exited with status {self.proc.returncode}:\n{tail}")
-        return self
-
-    def stop(self) -> None:
-        "Terminate the run (and its torchrun workers); its last checkpoint stays for a resume."
-        if self.running:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait()
-
-def launch(config: TrainConfig | str | Path, overrides: list[str] | tuple = (), nproc: int = 1,
-           progress: bool = False) -> Launched:
-    "Start `matryoshka-lab train` on config (a TrainConfig or a YAML path, plus overrides) in the background."
-    cfg = make_config(config.to_dict(), overrides) if isinstance(config, TrainConfig) else load_config(config, overrides)
-    run_dir = Path(cfg.run_dir)
-    holder = run_holder(run_dir)          # refused here, before launch.yaml or train.log is touched
-    if holder is not None:
-        raise RunInUse.by(run_dir, holder)
-    check_run_dir(run_dir, cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = run_dir / "launch.yaml"
-    spec.write_text(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict(), default=str)), sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "matryoshka_lab.cli", "train", str(spec), "--nproc", str(nproc)]
-    log_path = run_dir / "train.log"
-    with open(log_path, "a", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd + ([] if progress else ["--no-progress"]), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)   # its own process group: stop() reaches torchrun's workers
-    return Launched(proc, run_dir, log_path)

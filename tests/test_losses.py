@@ -61,7 +61,7 @@ def test_the_batched_forms_run_off_the_cpu(monkeypatch):
     their parts as the CPU's loops do."""
     from matryoshka_lab import losses, mipic
     from matryoshka_lab.config import make_config
-    from matryoshka_lab.trainer import make_loss
+    from matryoshka_lab.recipe import make_loss
     calls = []
     def spy(name, fn):
         def called(*args, **kwargs):

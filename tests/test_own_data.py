@@ -164,7 +164,7 @@ def test_several_datasets_train_in_one_run_each_batch_from_one(own_files, tiny_m
     assert json.loads((run_dir / "config.json").read_text())["train_task"] == [str(own_files["pairs"]), str(more)]
     assert set(json.loads((run_dir / "data.json").read_text())) == {str(own_files["pairs"]), str(more)}
     from matryoshka_lab.config import load_config
-    from matryoshka_lab.trainer import training_data
+    from matryoshka_lab.recipe import training_data
     from matryoshka_lab.methods import BatchDraw
     cfg = load_config(run_dir / "config.json")
     data = training_data(cfg)

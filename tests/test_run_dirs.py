@@ -20,7 +20,8 @@ from matryoshka_lab.checkpoint import latest_checkpoint, resume_checkpoint
 from matryoshka_lab.config import make_config
 from matryoshka_lab.methods import Callback, TrainData
 from matryoshka_lab.runs import RunInUse, parse_record, read_run, run_holder
-from matryoshka_lab.trainer import CheckpointCallback, Trainer, launch
+from matryoshka_lab.launch import launch
+from matryoshka_lab.trainer import CheckpointCallback, Trainer
 
 MRL = ROOT / "configs" / "mrl.yaml"
 

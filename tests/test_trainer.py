@@ -23,7 +23,9 @@ from matryoshka_lab import encoder as encoder_module
 from matryoshka_lab.encoder import Encoder, ModelNotAvailableError, resolve_model
 from matryoshka_lab.methods import CancelFit, Callback, TrainData
 from matryoshka_lab.runs import read_run
-from matryoshka_lab.trainer import BatchesAhead, CheckpointCallback, Trainer, method_views
+from matryoshka_lab.batches import BatchesAhead
+from matryoshka_lab.trainer import CheckpointCallback, Trainer
+from matryoshka_lab.views import method_views
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
@@ -117,19 +119,24 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
     ["method=mipic", "objective=simcse", "train_task=builtin_intents"],
     # hard negatives: each process's side b is its positives then its negatives; gathered, they must stand block by block
     ["method=mrl", "objective=infonce_symmetric", "train_task=PAIRS"],
-], ids=["2dmse-simcse-accum", "ese-cosent", "mic-tokens", "mipic-params", "mrl-hard-negatives"])
+    # gradient caching (11_views) in the two processes only: mini-batches of the leaves the gather passes gradients to
+    ["method=mrl", "objective=infonce_symmetric", "train_task=PAIRS", "two:mini_batch_size=3"],
+    ["method=mipic", "objective=simcse", "train_task=builtin_intents", "two:mini_batch_tokens=40"],
+], ids=["2dmse-simcse-accum", "ese-cosent", "mic-tokens", "mipic-params", "mrl-hard-negatives", "mrl-hard-negatives-cached",
+        "mipic-cached"])
 def test_two_processes_give_the_one_process_losses(sets, tiny_model_dir, tmp_path):
-    "torchrun with 2 gloo processes, each encoding half of the global batch, follows the one-process loss curve."
+    "torchrun with 2 gloo processes, each encoding half of the global batch, follows the one-process loss curve (`two:` settings: the two processes' only)."
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"anchor": f"question {i} about topic {i % 5}", "positive": f"answer {i} on {i % 5}",
                                          "negative_1": f"an answer off topic {i}", "negative_2": f"unrelated text {i}"}) + "\n"
                              for i in range(40)))
     common = [f"model={tiny_model_dir}", "max_steps=6", "batch_size=8", "checkpoint_every=3", "eval_every=-1",
-              "dims=[8,16,32]", *(s.replace("PAIRS", str(pairs)) for s in sets)]
+              "dims=[8,16,32]", *(s.replace("PAIRS", str(pairs)) for s in sets if not s.startswith("two:"))]
     config = ROOT / "configs" / "mrl.yaml"
     one = subprocess.run(train_cmd(config, tmp_path / "one", *common), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run(train_cmd(config, tmp_path / "two", *common) + ["--nproc", "2"], capture_output=True,
+    only_two = [s[len("two:"):] for s in sets if s.startswith("two:")]
+    two = subprocess.run(train_cmd(config, tmp_path / "two", *common, *only_two) + ["--nproc", "2"], capture_output=True,
                          text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
@@ -194,7 +201,7 @@ def test_loss_options_are_checked(tmp_path):
         make_config({"method": "mic", "loss_options": {"alpha": 0.5}})
     with pytest.raises(ValueError, match="unknown 2dmse loss option 'dims'; known: alignment, detach_target, "):
         make_config({"method": "2dmse", "loss_options": {"dims": [8]}})
-    from matryoshka_lab.trainer import make_loss
+    from matryoshka_lab.recipe import make_loss
     with pytest.raises(ValueError, match="kl_temperature must be positive, got -1"):       # a bad value: the loss class's own check
         make_loss(make_config({"method": "ese", "loss_options": {"kl_temperature": -1}}), 384, 6)
     two = make_loss(make_config({"method": "2dmse", "loss_options": {"alignment": "similarity", "kl_temperature": 0.3}}), 384, 6)
@@ -258,7 +265,7 @@ def test_config_errors(tmp_path):
     with pytest.raises(ValueError, match="batch_size must be at least 2"):
         make_config({"batch_size": 1})
     with pytest.raises(ValueError, match="objective 'cosent' needs scored pairs"):
-        from matryoshka_lab.trainer import training_data
+        from matryoshka_lab.recipe import training_data
         training_data(make_config({"objective": "cosent", "train_task": "builtin_intents"}))
 
 
@@ -302,7 +309,7 @@ def test_distill_nc_trains_with_orthonormal_projections_and_resumes(tiny_encoder
 
 
 def test_distill_nc_config_errors(tmp_path):
-    from matryoshka_lab.trainer import make_loss, training_data
+    from matryoshka_lab.recipe import make_loss, training_data
     with pytest.raises(ValueError, match="distill_nc needs labels: a classification or hierarchy task, and 'builtin_sts' is sts"):
         training_data(make_config({"method": "distill_nc", "train_task": "builtin_sts"}))
     with pytest.raises(ValueError, match="builds its loss from the training data"):
@@ -338,7 +345,7 @@ def test_mipic_config_trains_its_own_parameters_at_the_measured_rate():
 
 def test_mipic_anchor_follows_the_models_pooling():
     "MIPIC's anchor is [CLS] for a CLS-pooled model, the pooled vector otherwise, unless loss_options set it."
-    from matryoshka_lab.trainer import make_loss
+    from matryoshka_lab.recipe import make_loss
     cfg = make_config({"method": "mipic"})
     assert make_loss(cfg, 384, 6, pooling="mean").anchor == "pooled"
     assert make_loss(cfg, 384, 6, pooling="cls").anchor == "cls"
@@ -476,7 +483,7 @@ def test_a_killed_trainer_leaves_no_worker_process(tmp_path):
     "A worker ends with the process that forked it, even one killed with SIGKILL (no atexit runs)."
     script = tmp_path / "parent.py"
     script.write_text("import time, torch\n"
-                      "from matryoshka_lab.trainer import BatchesAhead\n"
+                      "from matryoshka_lab.batches import BatchesAhead\n"
                       "batches = BatchesAhead(lambda k: (None, *[{'input_ids': torch.zeros(2, 3)}] * 2), workers=1)\n"
                       "batches(0)\n"
                       "print(*batches._pool._processes, flush=True)\n"
@@ -552,7 +559,7 @@ def test_a_compiled_model_trains_to_the_eager_losses_and_exports_the_same_keys(t
 def test_pin_batch_pins_the_target_rows_too(monkeypatch):
     "On a GPU a batch's target rows (scores, or a method's arrays) are pinned with its tokens: batch_target's copy does not wait for the device."
     import numpy as np
-    from matryoshka_lab.trainer import batch_target, pin_batch
+    from matryoshka_lab.batches import batch_target, pin_batch
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t.clone())   # pinning needs a GPU
     side = {"input_ids": torch.ones(2, 3, dtype=torch.long)}

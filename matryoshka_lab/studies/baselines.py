@@ -20,7 +20,8 @@ from ..encoder import Encoder
 from ..eval import evaluate
 from ..gradients import gradient_share
 from ..runs import write_atomic, write_json
-from ..trainer import Trainer, load_encoder
+from ..recipe import load_encoder
+from ..trainer import Trainer
 
 # %% auto #0
 __all__ = ['STS_TEST', 'BASELINES', 'PAPER_MIPIC', 'MIPIC_LOSS_LR', 'MIPIC_ABLATIONS', 'VARIANTS', 'MIPIC_SWEEP',
