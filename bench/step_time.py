@@ -22,27 +22,22 @@ command, commit and date, to FILE (the committed one is results/bench/step_time.
 """
 import argparse
 import json
-import os
-import shlex
 import statistics
-import sys
 import warnings
-from datetime import date
 
 import torch
 
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
-from matryoshka_lab.core import git_commit, resolve_device
+from matryoshka_lab.core import resolve_device
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
 from matryoshka_lab.methods import get_method
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
-from matryoshka_lab.runs import write_json
 from matryoshka_lab.studies.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
 from matryoshka_lab.views import method_views
-from timing import clock                          # bench/ is the script's folder
+from timing import clock, write_record            # bench/ is the script's folder
 
 DIMS = [16, 32, 64, 128, 256, 384]
 ADAPTED = ("mrl", "2dmse", "mipic", "mic")   # our losses timed inside sentence-transformers' step too
@@ -142,10 +137,7 @@ def main():
     print("; ".join(f"{label} {result[key]}x (goal <= {goal})" for key, (label, goal) in STEP_TIME_GOALS.items()))
     print(json.dumps(result))
     if args.out:
-        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPU cores"
-        record = {"command": "python bench/step_time.py " + shlex.join(sys.argv[1:]), "commit": git_commit(),
-                  "date": date.today().isoformat(), "machine": machine, "result": result}
-        write_json(args.out, record)
+        write_record(args.out, device, result)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,20 @@ GOALS = ("mrl_over_bare_bf16", "st_over_mrl", "2dmse_over_mrl", "ese_over_mrl", 
          "encode_ours_over_st")
 
 
+def run_bench(script: str, args: list, drop=(), **env) -> subprocess.CompletedProcess:
+    "bench/SCRIPT as a user runs it, on one torch thread (on a 2-core machine shared with other test runs, 2 spinning threads per process made it 5x slower), the repository importable, the variables in `drop` unset."
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, "OMP_NUM_THREADS": "1", **env,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=env)
+
+
 def test_gpu_step_runs_on_the_cpu(data_dir, tmp_path):
     out = tmp_path / "gpu_step.json"
     args = ["--device", "cpu", "--data-dir", str(data_dir), "--batch-size", "4", "--max-length", "16", "--rounds", "1",
             "--warmup", "1", "--encode-texts", "16", "--encode-batch-size", "8", "--encode-other-batch-sizes",
             "--out", str(out)]
-    # one torch thread: on a 2-core machine shared with other test runs, 2 spinning threads per process made it 5x slower
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_step.py"), *args], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT, env=env)
+    res = run_bench("gpu_step.py", args)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(result["goals_met"]) == set(GOALS) and all(result[k] > 0 for k in GOALS)
@@ -33,8 +37,7 @@ def test_gpu_step_runs_on_the_cpu(data_dir, tmp_path):
     assert result["ese_batched_eigh_over_ese"] > 0 and result["ese_given_targets_over_mrl"] > 0
     assert result["batch_size"] == 4 and result["max_length"] == 16 and result["encode_texts"] == 16
     assert json.loads(out.read_text())["result"] == result
-    refused = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_step.py"), *args, "--variants"], capture_output=True,
-                             text=True, timeout=600, cwd=ROOT, env=env)
+    refused = run_bench("gpu_step.py", [*args, "--variants"])
     assert refused.returncode == 2 and "--variants runs on CUDA only" in refused.stderr
 
 
@@ -44,10 +47,7 @@ def test_funnel_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path):
     args = ["--data-dir", str(data_dir), "--model", str(tiny_model_dir), "--task", "mrpc_paraphrase", "--prefixes", "8",
             "--binary-prefixes", "16", "--shortlists", "10,50", "--grid-dims", "8,32", "--n-timed", "5", "--rounds", "1",
             "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MATRYOSHKA_LAB_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "funnel.py"), *args], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT, env=env)
+    res = run_bench("funnel.py", args, MATRYOSHKA_LAB_CACHE=str(tmp_path / "cache"))
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     record = json.loads(out.read_text())
@@ -68,13 +68,25 @@ def test_watch_overhead_bench_runs_at_tiny_sizes(tiny_model_dir, tmp_path):
     out = tmp_path / "watch.json"
     args = ["--model", str(tiny_model_dir), "--steps", "3", "--batch-size", "4", "--max-length", "16", "--rounds", "2",
             "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != "MATRYOSHKA_LAB_DATA"}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "watch_overhead.py"), *args], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT, env=env)
+    res = run_bench("watch_overhead.py", args, drop=("MATRYOSHKA_LAB_DATA",))
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     record = json.loads(out.read_text())
     assert record["overhead_ratio"] == result["overhead_ratio"] > 0 and result["goal"] == 1.05
     assert [len(record["times_s"][k]) for k in ("without", "with")] == [2, 2]
     assert result["diag_share"] > 0 and all(n >= 1 for n in result["diag_measurements"])   # at least the start's
+
+
+def test_grad_cache_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path):
+    "bench/grad_cache.py with a tiny model: every setup timed and measured at each batch size, the last line the JSON --out writes."
+    out = tmp_path / "grad_cache.json"
+    args = ["--data-dir", str(data_dir), "--model", str(tiny_model_dir), "--batch-sizes", "4,8", "--mini-batch-size", "2",
+            "--max-length", "16", "--rounds", "1", "--out", str(out)]
+    res = run_bench("grad_cache.py", args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    assert json.loads(out.read_text())["result"] == result and result["batch_sizes"] == [4, 8]
+    for table in ("seconds", "peak_mib"):
+        assert set(result[table]) == {"plain", "cached", "cached_tokens", "st_cached"}
+        assert all(v is not None and v >= 0 for per_size in result[table].values() for v in per_size.values())
+    assert all(r > 0 for r in result["cached_over_plain"].values())

@@ -26,16 +26,17 @@ from .fractal_paper import capacity_table, fmt, table5
 
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'RETRIEVAL_ROWS', 'ENCODE_GOALS',
-           'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS', 'TABLES',
-           'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table', 'backbones_table', 'share_table',
-           'step_time_table', 'gpu_step_table', 'retrieval_table', 'funnel_table', 'query_latency_table',
-           'budget_table', 'funnel_figure', 'budget_figure', 'demo_table', 'encode_table', 'mteb_table',
-           'mteb_check_table', 'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table',
+           'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS',
+           'GRAD_CACHE_SETUPS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table',
+           'backbones_table', 'share_table', 'step_time_table', 'gpu_step_table', 'retrieval_table', 'funnel_table',
+           'query_latency_table', 'budget_table', 'funnel_figure', 'budget_figure', 'demo_table', 'encode_table',
+           'mteb_table', 'mteb_check_table', 'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table',
            'distill_transfer_table', 'distill_tests_table', 'backbone_cost_table', 'watch_table', 'dashboard_table',
            'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
            'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
-           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'hard_negatives_table', 'render_table',
-           'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'hard_negatives_table', 'grad_cache_table',
+           'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure',
+           'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -841,6 +842,30 @@ def hard_negatives_table(results="results", task: str = "clinc150_intents") -> s
     label = f"{task}, nDCG@10 x100, {len(r['seeds'])} seeds, {r['steps']} steps"
     return md_table(table.rename(columns=lambda d: f"d = {d}").rename_axis(label))
 
+# %% ../../nbs/studies/06_report.ipynb #21c014x
+GRAD_CACHE_SETUPS = {"plain": "one pass", "cached": "cached", "cached_tokens": "cached by tokens",
+                     "st_cached": "theirs cached"}
+
+def grad_cache_table(results="results", file: str = "grad_cache_cpu.json") -> str:
+    "results/bench/FILE (bench/grad_cache.py): per batch size, each setup's median step time and peak memory, and the ratios the goals name."
+    made = _result_file(results, "bench", file, command=f"python bench/grad_cache.py --out results/bench/{file}")
+    r = made["result"]
+    sec, mib = r["seconds"], r["peak_mib"]
+    first = str(r["batch_sizes"][0])
+    ratio = lambda x, y: "-" if x is None or not y else f"{x / y:.2f}x"
+    rows = {}
+    for b in map(str, r["batch_sizes"]):
+        row = {label: "-" if sec[s][b] is None else f"{sec[s][b]:.2f} s, {mib[s][b]:,.0f} MiB"
+               for s, label in GRAD_CACHE_SETUPS.items()}
+        rows[f"B = {int(b):,}"] = {**row, "cached / one pass": ratio(sec["cached"][b], sec["plain"][b]),
+                                   "by tokens / one pass": ratio(sec["cached_tokens"][b], sec["plain"][b]),
+                                   "cached / theirs": ratio(sec["cached"][b], sec["st_cached"][b]),
+                                   f"peak / at B = {first}, one pass": ratio(mib["plain"][b], mib["plain"][first]),
+                                   f"peak / at B = {first}, cached": ratio(mib["cached"][b], mib["cached"][first])}
+    label = (f"{made['machine']}, mini-batches of {r['mini_batch_size']} rows or {r['mini_batch_tokens']:,} tokens, "
+             f"{r['max_length']} tokens a text")
+    return md_table(pd.DataFrame(rows).T.rename_axis(label))
+
 # %% ../../nbs/studies/06_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_table, "task_share": share_table,
           "step_time": step_time_table,
@@ -857,7 +882,8 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_tab
           "dashboard": dashboard_table,
           "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
-          "funnel": funnel_table, "hard_negatives": hard_negatives_table, "query_latency": query_latency_table, "budget": budget_table}
+          "funnel": funnel_table, "hard_negatives": hard_negatives_table,
+          "grad_cache": grad_cache_table, "query_latency": query_latency_table, "budget": budget_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:

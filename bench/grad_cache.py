@@ -1,0 +1,226 @@
+"""Training-step time and peak memory of gradient caching (GradCache) against the one-pass step, batch size by batch size.
+
+    python bench/grad_cache.py [--model embedded] [--device cpu] [--batch-sizes 64,256,1024] [--mini-batch-size 32] [--mini-batch-tokens N] [--max-length 32] [--rounds 3]
+        [--setups plain,cached,cached_tokens,st_cached] [--out FILE]
+
+One step = encode both sides of a batch of B (anchor, positive) pairs, MRL over dims 16..384 with InfoNCE (in-batch
+negatives), backward, an AdamW step (lr 0: the same work, the same weights), models in train mode (dropout on), in
+float32. The pairs are STS-B's train pairs (builtin_sts without the data), cycled when B is past their number: repeated
+texts change nothing in the work, so this is fine for timing. For each B, every round times one step of each setup in
+turn (the order rotates) after one warm-up step each; each figure is the median over rounds. Then a separate pass runs
+one step of each setup for its peak memory: on CUDA the allocator's peak over what was allocated before the step, on
+the CPU the growth of the process's peak RSS (VmHWM reset through /proc/self/clear_refs after malloc_trim). A setup out
+of memory at a B is recorded as null. Setups:
+  plain       ours, one pass: method_views (matryoshka_lab.views) on the pre-tokenised sides, the loss, backward
+  cached      ours, GradCache: CachedViews encodes each side in mini-batches of --mini-batch-size rows without a graph,
+              the loss on its leaf views, backward, then cache.backward() re-encodes each mini-batch with a graph
+  cached_tokens  the same with mini-batches cut by a budget of --mini-batch-tokens padded tokens (default: the
+              mini-batch size x max length), rows longest first: short texts go many to a mini-batch
+  st_cached   sentence-transformers MatryoshkaLoss(CachedMultipleNegativesRankingLoss(mini_batch_size)) over the same
+              dims on the same texts
+The last line is one JSON object: batch_sizes, mini_batch_size, mini_batch_tokens, max_length, rounds, seconds {setup: {B: median}},
+peak_mib {setup: {B: MiB}}, cached_over_plain, cached_over_st_cached and cached_tokens_over_plain {B: time ratio}, and cached_memory_growth and
+plain_memory_growth (peak at the largest B over peak at the smallest); --out also writes it, with the command, commit,
+date and machine, to FILE.
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import warnings
+
+import torch
+
+from matryoshka_lab.core import resolve_device
+from matryoshka_lab.data import load_task
+from matryoshka_lab.encoder import Encoder, resolve_model
+from matryoshka_lab.losses import MRL, info_nce
+from matryoshka_lab.methods import get_method
+from matryoshka_lab.views import CachedViews, method_views
+from timing import clock, write_record            # bench/ is the script's folder
+
+DIMS = [16, 32, 64, 128, 256, 384]
+SETUPS = ("plain", "cached", "cached_tokens", "st_cached")
+
+
+def plain_step(enc, loss, ba, bb, opt, gen):
+    "One step on the one-pass views of the batch."
+    method = get_method("mrl")
+    def step():
+        opt.zero_grad(set_to_none=True)
+        a, b = method_views(method, enc, ba, bb)
+        loss(a, b, None, generator=gen).total.backward()
+        opt.step()
+    return step
+
+
+def cached_step(enc, loss, ba, bb, max_length, opt, gen, size=None, tokens=None):
+    "One step on GradCache's views: the loss's backward to the leaves, then cache.backward() through the encoder."
+    method = get_method("mrl")
+    def step():
+        opt.zero_grad(set_to_none=True)
+        cache = CachedViews(method, enc, ba, bb, max_length, size=size, tokens=tokens)
+        loss(*cache.views, None, generator=gen).total.backward()
+        cache.backward()
+        opt.step()
+    return step
+
+
+def st_step(loss, feats, opt):
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss(feats, None).backward()
+        opt.step()
+    return step
+
+
+def ran(step, device) -> bool:
+    "Run `step`; False when the device ran out of memory."
+    try:
+        step()
+        return True
+    except torch.OutOfMemoryError:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return False
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def peak_mib(step, device) -> float:
+    "Memory one step adds at its peak, in MiB: CUDA's allocated peak over the allocated before it; on the CPU the process's peak RSS over its RSS before."
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)   # freed heap back to the system: RSS before is what is in use
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")                          # VmHWM back to the current RSS
+    except OSError:
+        pass
+    before = _status_kb("VmRSS")
+    step()
+    return (_status_kb("VmHWM") - before) / 1024
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--batch-sizes", default="64,256,1024")
+    p.add_argument("--mini-batch-size", type=int, default=32)
+    p.add_argument("--mini-batch-tokens", type=int, default=None,
+                   help="cached_tokens' budget of padded tokens per mini-batch (default: mini-batch size x max length)")
+    p.add_argument("--max-length", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--setups", default=",".join(SETUPS))
+    p.add_argument("--out", default=None, help="also write the result as JSON to this file")
+    args = p.parse_args()
+    warnings.filterwarnings("ignore")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import losses as st_losses
+    from sentence_transformers.util import batch_to_device
+    device = resolve_device(args.device)
+    sizes = sorted(int(b) for b in args.batch_sizes.split(","))
+    names = [s for s in SETUPS if s in args.setups.split(",")]
+    mini = args.mini_batch_size
+    tokens = args.mini_batch_tokens or mini * args.max_length
+
+    try:
+        pairs = load_task("stsb", args.data_dir).train
+    except ValueError:
+        pairs = load_task("builtin_sts").train
+    n = len(pairs.sentence1)
+
+    torch.manual_seed(0)
+    enc = Encoder.from_pretrained(args.model, max_length=args.max_length, device=device).train()
+    enc.model.float()                                   # a folder saved in fp16 (bench/device_payload.py): train in fp32
+    dims = [d for d in DIMS if d <= enc.hidden_size]
+    loss = MRL(info_nce, dims=dims)
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(enc.parameters(), lr=0.0)
+    if "st_cached" in names:
+        st = SentenceTransformer(resolve_model(args.model), device=str(device)).float()
+        st.max_seq_length = args.max_length
+        st.train()
+        st_opt = torch.optim.AdamW(st.parameters(), lr=0.0)
+        st_loss = st_losses.MatryoshkaLoss(
+            st, st_losses.CachedMultipleNegativesRankingLoss(st, mini_batch_size=mini, show_progress_bar=False),
+            matryoshka_dims=dims[::-1])
+
+    seconds = {s: {} for s in names}
+    peaks = {s: {} for s in names}
+    for size in sizes:
+        text_a = [pairs.sentence1[i % n] for i in range(size)]
+        text_b = [pairs.sentence2[i % n] for i in range(size)]
+        ba, bb = enc.tokenize(text_a, args.max_length), enc.tokenize(text_b, args.max_length)
+        steps = {"plain": plain_step(enc, loss, ba, bb, opt, gen),
+                 "cached": cached_step(enc, loss, ba, bb, args.max_length, opt, gen, size=mini),
+                 "cached_tokens": cached_step(enc, loss, ba, bb, args.max_length, opt, gen, tokens=tokens)}
+        if "st_cached" in names:
+            feats = [batch_to_device(st.preprocess(t), device) for t in (text_a, text_b)]
+            steps["st_cached"] = st_step(st_loss, feats, st_opt)
+        live = [s for s in names if ran(steps[s], device)]   # warm-up: allocator, threads, first-call overheads
+        times = {s: [] for s in live}
+        for r in range(args.rounds):
+            k = r % max(len(live), 1)
+            for s in live[k:] + live[:k]:
+                t0 = clock(device)
+                if s in times and ran(steps[s], device):
+                    times[s].append(clock(device) - t0)
+                else:
+                    times.pop(s, None)
+        for s in names:
+            seconds[s][size] = round(statistics.median(times[s]), 4) if s in times else None
+            for o in (opt, st_opt) if "st_cached" in names else (opt,):
+                o.zero_grad(set_to_none=True)
+            try:
+                peaks[s][size] = round(peak_mib(steps[s], device), 1) if s in times else None
+            except torch.OutOfMemoryError:
+                peaks[s][size] = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    def ratio(x, y):
+        return round(x / y, 3) if x is not None and y else None
+
+    def at(table, s, size):
+        return table.get(s, {}).get(size)
+
+    print(f"{'B':>6s}  {'setup':14s} {'median ms':>10s} {'peak MiB':>9s}")
+    for size in sizes:
+        for s in names:
+            ms, mib = seconds[s][size], peaks[s][size]
+            print(f"{size:6d}  {s:14s} {'OOM' if ms is None else f'{ms * 1000:.1f}':>10s} {'-' if mib is None else f'{mib:.1f}':>9s}")
+    over_plain = {b: ratio(at(seconds, "cached", b), at(seconds, "plain", b)) for b in sizes}
+    over_st = {b: ratio(at(seconds, "cached", b), at(seconds, "st_cached", b)) for b in sizes}
+    tokens_over_plain = {b: ratio(at(seconds, "cached_tokens", b), at(seconds, "plain", b)) for b in sizes}
+    for b in sizes:
+        print(f"B={b}: cached/plain {over_plain[b]}x, cached/st_cached {over_st[b]}x, cached_tokens/plain "
+              f"{tokens_over_plain[b]}x, peak over B={sizes[0]}: "
+              f"cached {ratio(at(peaks, 'cached', b), at(peaks, 'cached', sizes[0]))}x, "
+              f"plain {ratio(at(peaks, 'plain', b), at(peaks, 'plain', sizes[0]))}x")
+    result = {"batch_sizes": sizes, "mini_batch_size": mini, "mini_batch_tokens": tokens, "max_length": args.max_length,
+              "rounds": args.rounds,
+              "seconds": seconds, "peak_mib": peaks, "cached_over_plain": over_plain, "cached_over_st_cached": over_st,
+              "cached_tokens_over_plain": tokens_over_plain,
+              "cached_memory_growth": ratio(at(peaks, "cached", sizes[-1]), at(peaks, "cached", sizes[0])),
+              "plain_memory_growth": ratio(at(peaks, "plain", sizes[-1]), at(peaks, "plain", sizes[0]))}
+    print(json.dumps(result))
+    if args.out:
+        write_record(args.out, device, result)
+
+
+if __name__ == "__main__":
+    main()
