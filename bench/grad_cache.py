@@ -36,22 +36,11 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.losses import MRL, info_nce
 from matryoshka_lab.methods import get_method
-from matryoshka_lab.views import CachedViews, method_views
-from timing import clock, write_record            # bench/ is the script's folder
+from matryoshka_lab.views import CachedViews
+from timing import clock, method_step, st_step, write_record   # bench/ is the script's folder
 
 DIMS = [16, 32, 64, 128, 256, 384]
 SETUPS = ("plain", "cached", "cached_tokens", "st_cached")
-
-
-def plain_step(enc, loss, ba, bb, opt, gen):
-    "One step on the one-pass views of the batch."
-    method = get_method("mrl")
-    def step():
-        opt.zero_grad(set_to_none=True)
-        a, b = method_views(method, enc, ba, bb)
-        loss(a, b, None, generator=gen).total.backward()
-        opt.step()
-    return step
 
 
 def cached_step(enc, loss, ba, bb, max_length, opt, gen, size=None, tokens=None):
@@ -62,14 +51,6 @@ def cached_step(enc, loss, ba, bb, max_length, opt, gen, size=None, tokens=None)
         cache = CachedViews(method, enc, ba, bb, max_length, size=size, tokens=tokens)
         loss(*cache.views, None, generator=gen).total.backward()
         cache.backward()
-        opt.step()
-    return step
-
-
-def st_step(loss, feats, opt):
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss(feats, None).backward()
         opt.step()
     return step
 
@@ -165,7 +146,7 @@ def main():
         text_a = [pairs.sentence1[i % n] for i in range(size)]
         text_b = [pairs.sentence2[i % n] for i in range(size)]
         ba, bb = enc.tokenize(text_a, args.max_length), enc.tokenize(text_b, args.max_length)
-        steps = {"plain": plain_step(enc, loss, ba, bb, opt, gen),
+        steps = {"plain": method_step(enc, "mrl", loss, ba, bb, opt, gen),
                  "cached": cached_step(enc, loss, ba, bb, args.max_length, opt, gen, size=mini),
                  "cached_tokens": cached_step(enc, loss, ba, bb, args.max_length, opt, gen, tokens=tokens)}
         if "st_cached" in names:

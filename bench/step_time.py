@@ -31,35 +31,14 @@ from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder, resolve_model
 from matryoshka_lab.core import resolve_device
 from matryoshka_lab.losses import MRL, TwoDMSE, info_nce
-from matryoshka_lab.methods import get_method
 from matryoshka_lab.mic import MIC
 from matryoshka_lab.mipic import MIPIC
 from matryoshka_lab.studies.report import STEP_TIME_GOALS
 from matryoshka_lab.st_loss import MatryoshkaLabLoss
-from matryoshka_lab.views import method_views
-from timing import clock, write_record            # bench/ is the script's folder
+from timing import clock, method_step, st_step, write_record   # bench/ is the script's folder
 
 DIMS = [16, 32, 64, 128, 256, 384]
 ADAPTED = ("mrl", "2dmse", "mipic", "mic")   # our losses timed inside sentence-transformers' step too
-
-
-def ours(enc, method, loss, batch_a, batch_b, opt, gen):
-    "One step of `loss` on the views the trainer gives `method` (token states for MIPIC and MIC)."
-    method = get_method(method)
-    def step():
-        opt.zero_grad(set_to_none=True)
-        a, b = method_views(method, enc, batch_a, batch_b)
-        loss(a, b, None, generator=gen).total.backward()
-        opt.step()
-    return step
-
-
-def st_step(model, loss, feats, opt):
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss(feats, None).backward()
-        opt.step()
-    return step
 
 
 def main():
@@ -95,11 +74,11 @@ def main():
                   anchor="cls" if enc.pooling == "cls" else "pooled").to(device)   # as make_loss
     mic = MIC(info_nce, dims, enc.hidden_size, enc.num_layers).to(device)
     opt = torch.optim.AdamW(list(enc.parameters()) + list(mipic.parameters()), lr=0.0)   # lr 0: same work, same weights
-    setups = {"base": ours(enc, "base", MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
-              "mrl": ours(enc, "mrl", MRL(info_nce, dims=dims), ba, bb, opt, gen),
-              "2dmse": ours(enc, "2dmse", TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen),
-              "mipic": ours(enc, "mipic", mipic, ba, bb, opt, gen),
-              "mic": ours(enc, "mic", mic, ba, bb, opt, gen)}
+    setups = {"base": method_step(enc, "base", MRL(info_nce, dims=(enc.hidden_size,)), ba, bb, opt, gen),
+              "mrl": method_step(enc, "mrl", MRL(info_nce, dims=dims), ba, bb, opt, gen),
+              "2dmse": method_step(enc, "2dmse", TwoDMSE(info_nce, dims=[d for d in dims if d < enc.hidden_size]), ba, bb, opt, gen),
+              "mipic": method_step(enc, "mipic", mipic, ba, bb, opt, gen),
+              "mic": method_step(enc, "mic", mic, ba, bb, opt, gen)}
     st = SentenceTransformer(resolve_model(args.model), device=str(device)).float()
     st.max_seq_length = args.max_length
     st.train()
@@ -108,10 +87,10 @@ def main():
     st_opt = torch.optim.AdamW(list(st.parameters()) + [p for a in adapters.values() if a.loss is not None
                                                          for p in a.loss.parameters()], lr=0.0)
     mnrl = st_losses.MultipleNegativesRankingLoss(st)
-    setups["st_mrl"] = st_step(st, st_losses.MatryoshkaLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
-    setups["st_2d"] = st_step(st, st_losses.Matryoshka2dLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
+    setups["st_mrl"] = st_step(st_losses.MatryoshkaLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
+    setups["st_2d"] = st_step(st_losses.Matryoshka2dLoss(st, mnrl, matryoshka_dims=dims[::-1]), feats, st_opt)
     for m, adapter in adapters.items():
-        setups[f"st_ours_{m}"] = st_step(st, adapter, feats, st_opt)
+        setups[f"st_ours_{m}"] = st_step(adapter, feats, st_opt)
 
     names = list(setups)
     for name in names:          # warm-up: allocator, threads, first-call overheads

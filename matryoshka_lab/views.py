@@ -87,8 +87,7 @@ def set_rng_state(state: tuple, device: torch.device) -> None:
 class _Side:
     "One side of a cached batch: its inputs, its mini-batches' rows with the generator state each starts from, and the leaves the loss sees."
     inputs: dict
-    ends: list                  # where each row's tokens end (left padding: at T)
-    cuts: list                  # each mini-batch's rows
+    cuts: list                  # each mini-batch's (row index, end of its last token)
     states: list                # the generator state each mini-batch's first pass started from
     out: EncoderOutput          # pooled (and token states) as leaves: the loss's gradient lands in their .grad
 
@@ -105,13 +104,12 @@ class CachedViews:
         views = [_as_method_takes(method, s.out, dist, blocks if k else 1) for k, s in enumerate(self.sides)]
         self.views = (views[0], views[0]) if method.single_view else tuple(views)
 
-    def _part(self, inputs: dict, ends: list[int], rows: list[int]) -> dict:
-        "The tokenizer tensors of `rows`, without the padding columns after their last token."
-        index = torch.tensor(rows, device=inputs["input_ids"].device)
-        part = {k: v.index_select(0, index) for k, v in inputs.items()}
-        width = part["attention_mask"].shape[1]
-        end = max(ends[i] for i in rows)
-        return part if end == width else {k: v[:, :end] if v.dim() == 2 and v.shape[1] == width else v for k, v in part.items()}
+    @staticmethod
+    def _part(inputs: dict, index: torch.Tensor, end: int) -> dict:
+        "The tokenizer tensors of the rows in `index`, without the padding columns from `end` on."
+        width = inputs["attention_mask"].shape[1]
+        return {k: v.index_select(0, index)[:, :end] if v.dim() == 2 and v.shape[1] == width else v.index_select(0, index)
+                for k, v in inputs.items()}
 
     def _encode(self, inputs: dict) -> _Side:
         "Pass one: every mini-batch of a side without a graph, each from the generator state it starts at (kept)."
@@ -119,20 +117,20 @@ class CachedViews:
         positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
         ends = (mask * positions).amax(1).tolist() if not self.method.needs_tokens else [mask.shape[1]] * mask.shape[0]
         # one read of the device per side; token states keep the batch's length (every mini-batch's must stack)
-        cuts = mini_batches(ends, self.size, self.tokens)
+        cuts = [(torch.tensor(rows, device=self.device), max(ends[i] for i in rows))
+                for rows in mini_batches(ends, self.size, self.tokens)]
         states, cache = [], {}
         with torch.no_grad():
-            for rows in cuts:
+            for index, end in cuts:
                 states.append(rng_state(self.device))
-                out = self.encoder(**self._part(inputs, ends, rows), tokens=self.method.needs_tokens)
-                index = torch.tensor(rows, device=self.device)
+                out = self.encoder(**self._part(inputs, index, end), tokens=self.method.needs_tokens)
                 for name in ("pooled", "hidden") if self.method.needs_tokens else ("pooled",):
                     part = getattr(out, name)                        # each mini-batch's rows in place: one copy
                     if name not in cache:
                         cache[name] = part.new_empty(part.shape[0], len(ends), *part.shape[2:])
                     cache[name].index_copy_(1, index, part)
         leaves = {name: t.requires_grad_() for name, t in cache.items()}
-        return _Side(inputs, ends, cuts, states, EncoderOutput(layers=out.layers, attention_mask=mask, **leaves))
+        return _Side(inputs, cuts, states, EncoderOutput(layers=out.layers, attention_mask=mask, **leaves))
 
     def backward(self) -> None:
         "Pass two, after the loss's backward: each mini-batch encoded again with a graph, from the generator state its first pass drew from, and back-propagated with its rows of the leaves' gradients."
@@ -141,11 +139,10 @@ class CachedViews:
             leaves = [t for t in (side.out.pooled, side.out.hidden) if t is not None]
             if all(t.grad is None for t in leaves):      # a side the loss did not use
                 continue
-            for rows, state in zip(side.cuts, side.states):
+            for (index, end), state in zip(side.cuts, side.states):
                 set_rng_state(state, self.device)
                 with torch.enable_grad(), torch.autocast(self.device.type, dtype=dtype, enabled=on):   # a backward hook runs without grad
-                    out = self.encoder(**self._part(side.inputs, side.ends, rows), tokens=self.method.needs_tokens)
-                index = torch.tensor(rows, device=self.device)
+                    out = self.encoder(**self._part(side.inputs, index, end), tokens=self.method.needs_tokens)
                 pairs = [(o, t.grad.index_select(1, index)) for o, t in zip((out.pooled, out.hidden), leaves)
                          if t.grad is not None]
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
