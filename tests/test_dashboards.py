@@ -418,6 +418,20 @@ def wait_shown(locator, text, seconds=20):
     assert text in shown(locator), shown(locator)
 
 
+def settled_size(page, quiet: float = 1.0, limit: float = 15.0) -> list:
+    "The page's [scroll width, scroll height] once unchanged for `quiet` seconds (figures resize to their containers after they first draw, later on a loaded machine), at most `limit` seconds."
+    js = "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+    last, since, end = page.evaluate(js), time.monotonic(), time.monotonic() + limit
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        now = page.evaluate(js)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
 def seconds_to_show(step, run_dir, n) -> float:
     "Another process writes step n into run_dir; seconds until the step pane shows it (at most 2 allowed)."
     res = subprocess.run([sys.executable, "-c", WRITER, str(run_dir), str(n)], cwd=ROOT,
@@ -456,14 +470,13 @@ def test_browser_shows_new_step_within_2s(tmp_path):
         wait_shown(step, "step 5")
         seen = seconds_to_show(step, runs / "live", 42)
         time.sleep(1.2)                                          # let the curves redraw (at most once a second)
+        sizes = {"Monitor": settled_size(page)}
         page.screenshot(path=str(ARTIFACTS / "monitor.png"), full_page=True)
-        size = lambda: page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-        sizes = {"Monitor": size()}
         for tab in ("Snapshots", "Compare", "Grids", "Budget"):
             page.get_by_text(tab, exact=True).first.click()
             time.sleep(1.5)
+            sizes[tab] = settled_size(page)
             page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
-            sizes[tab] = size()
         assert page.get_by_text("Cheapest within 1.0% of the full model").count() == 1   # the Budget tab's advice
         page.get_by_text("Compare", exact=True).first.click()
         box = page.locator("input.bk-input[type=text] >> visible=true")
@@ -471,8 +484,8 @@ def test_browser_shows_new_step_within_2s(tmp_path):
         box.press("Enter")
         page.get_by_text("metrics matching *").first.wait_for(timeout=20_000)
         time.sleep(1.5)
+        sizes["Compare *"] = settled_size(page)
         page.screenshot(path=str(ARTIFACTS / "compare_all.png"), full_page=True)
-        sizes["Compare *"] = size()
         print("page width x height per tab at a 1500 x 1100 window:", sizes)
         # every tab uses the window: no sideways scrolling, and at most a short scroll down (three figures were 4,700 px)
         assert all(w <= 1500 and h <= 1500 for w, h in sizes.values()), sizes
