@@ -95,6 +95,51 @@ def info_nce_symmetric(a: torch.Tensor, b: torch.Tensor, target=None, scale: flo
 info_nce_symmetric.prefixes = lambda a, b, dims, target=None, scale=20.0: _nce(_prefix_logits(a, b, dims, scale), True)
 info_nce_symmetric.stacked = lambda a, b, target=None, scale=20.0: _nce(cosine_matrix(*_pair_stack(a, b)) * scale, True)
 
+# %% ../nbs/07_losses.ipynb #06c008b
+class _NceByRows(torch.autograd.Function):
+    "InfoNCE of unit rows a [B, d], b [B', d] (B' >= B) at `scale`, `rows` anchors at a time: _nce's value and gradients, with no more than [rows, B'] logits at once."
+    @staticmethod
+    def forward(ctx, a, b, scale: float, rows: int, symmetric: bool):
+        n = len(a)
+        lse, pos = a.new_empty(n), a.new_empty(n)                  # each anchor's log-sum-exp and positive logit
+        col = a.new_full((n,), -torch.inf) if symmetric else None  # each positive column's log-sum-exp over the anchors
+        for s in range(0, n, rows):
+            logits = a[s:s + rows] @ b.T * scale
+            lse[s:s + rows], pos[s:s + rows] = logits.logsumexp(-1), logits.diagonal(s)   # row i's positive: column s + i
+            if symmetric:
+                col = torch.logaddexp(col, logits[:, :n].logsumexp(0))
+        ctx.save_for_backward(a, b, lse, col if symmetric else lse)
+        ctx.scale, ctx.rows, ctx.symmetric = scale, rows, symmetric
+        loss = (lse - pos).mean()
+        return (loss + (col - pos).mean()) / 2 if symmetric else loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, lse, col = ctx.saved_tensors
+        n, half = len(a), 0.5 if ctx.symmetric else 1.0
+        ga, gb = torch.empty_like(a), torch.zeros_like(b)
+        for s in range(0, n, ctx.rows):
+            logits = a[s:s + ctx.rows] @ b.T * ctx.scale
+            d = (logits - lse[s:s + ctx.rows, None]).exp_().mul_(half)            # half the row softmax (symmetric)
+            if ctx.symmetric:
+                d[:, :n] += (logits[:, :n] - col).exp_().mul_(half)             # and half the column softmax
+            d.diagonal(s).sub_(1.0)                                             # minus each positive's indicator
+            d.mul_(grad * ctx.scale / n)
+            ga[s:s + ctx.rows] = d @ b
+            gb.addmm_(d.T, a[s:s + ctx.rows])
+        return ga, gb, None, None, None
+
+def _info_nce_by_rows(symmetric: bool):
+    def by_rows(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0, rows: int = 32) -> torch.Tensor:
+        "info_nce (symmetric: info_nce_symmetric) of a [B, D], b [B', D], `rows` anchors at a time: the same value and gradients, no more than [rows, B'] logits at once (in float32 at least)."
+        with torch.autocast(a.device.type, enabled=False):
+            unit = [F.normalize(x.to(torch.promote_types(x.dtype, torch.float32)), dim=-1, eps=1e-12) for x in (a, b)]
+            return _NceByRows.apply(*unit, scale, rows, symmetric)
+    return by_rows
+
+info_nce.chunked = _info_nce_by_rows(False)            # under gradient caching (make_loss with mini-batches)
+info_nce_symmetric.chunked = _info_nce_by_rows(True)
+
 # %% ../nbs/07_losses.ipynb #06c010
 def _rank_loss(pred: torch.Tensor, score: torch.Tensor, scale: float) -> torch.Tensor:
     "log(1 + sum over (i, j) with score_i > score_j of exp(scale * (pred_j - pred_i))): pred [..., B] should follow score [B]."

@@ -82,14 +82,16 @@ def load_encoder(cfg: TrainConfig) -> Encoder:
 # %% ../nbs/11_recipe.ipynb #08c012
 def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None,
               pooling: str | None = None):
-    "The loss of cfg.method over cfg.objective: its Method's build on the encoder's size, layers and pooling and the data."
+    "The loss of cfg.method over cfg.objective: its Method's build on the encoder's size, layers and pooling and the data; with mini-batches (gradient caching), the objective's row-by-row form where it has one (InfoNCE's: no [B, B'] logits at once)."
     base = get_objective(cfg.objective)
     scale = 1.0 / cfg.temperature
+    rows = cfg.mini_batch_size or (cfg.mini_batch_tokens // cfg.max_length if cfg.mini_batch_tokens else None)
+    chunked = getattr(base, "chunked", None) if rows else None
     def objective(a, b, target=None):
-        return base(a, b, target, scale=scale)
+        return chunked(a, b, target, scale=scale, rows=rows) if chunked else base(a, b, target, scale=scale)
     objective.__name__ = cfg.objective
-    for form in ("prefixes", "stacked"):   # its batched forms, over prefix sizes and over stacked pairs, at the same scale
-        if hasattr(base, form):
+    for form in ("prefixes", "stacked") if chunked is None else ():   # its batched forms (over prefix sizes, over stacked
+        if hasattr(base, form):                                          # pairs) at the same scale: not row by row
             setattr(objective, form, functools.partial(getattr(base, form), scale=scale))
     method = get_method(cfg.method)
     ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)

@@ -81,12 +81,16 @@ def test_grad_cache_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path)
     "bench/grad_cache.py with a tiny model: every setup timed and measured at each batch size, the last line the JSON --out writes."
     out = tmp_path / "grad_cache.json"
     args = ["--data-dir", str(data_dir), "--model", str(tiny_model_dir), "--batch-sizes", "4,8", "--mini-batch-size", "2",
-            "--max-length", "16", "--rounds", "1", "--out", str(out)]
+            "--max-length", "16", "--rounds", "1", "--loss-batch-sizes", "512", "--out", str(out)]
     res = run_bench("grad_cache.py", args)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text())["result"] == result and result["batch_sizes"] == [4, 8]
-    for table in ("seconds", "peak_mib"):
-        assert set(result[table]) == {"plain", "cached", "cached_tokens", "st_cached"}
+    every = ("plain", "cached", "cached_tokens", "st_cached")
+    for table, setups in (("seconds", every), ("peak_mib", every), ("peak_mib_full_length", every[1:]),
+                          ("loss_peak_mib", ("one_pass", "by_rows"))):
+        assert set(result[table]) == set(setups)
         assert all(v is not None and v >= 0 for per_size in result[table].values() for v in per_size.values())
+    assert all(set(per_size) == {"4", "8"} for per_size in result["peak_mib_full_length"].values())
+    assert result["loss_peak_mib"]["one_pass"]["512"] > result["loss_peak_mib"]["by_rows"]["512"]   # [512, 512] logits against [2, 512]
     assert all(r > 0 for r in result["cached_over_plain"].values())
