@@ -4,8 +4,9 @@
 
 `panel serve DIR` serves this folder as one directory app; the views live in the library, matryoshka_lab.workbench
 (nbs/24_workbench.ipynb), which also shows them inline in a notebook: `from matryoshka_lab.workbench import show;
-show("runs", "demo")`. Runs are found under $MATRYOSHKA_LAB_RUNS (default ./runs): every folder below it holding
-metrics.jsonl, config.json or grid.csv, never anything outside it. `?run=NAME` in the address opens that run.
+show("runs", "mrl")`. Runs are found under $MATRYOSHKA_LAB_RUNS (default ./runs): every folder below it holding
+metrics.jsonl or config.json (a folder with only a grid.csv is in the Grids and Budget tabs), never anything outside
+it. `?run=NAME` in the address opens that run, once it has started if it has not yet.
 Read-only; imports no torch. Localhost only, unless told otherwise: `panel serve` without --address listens on every
 interface, so a session from a non-loopback client is refused unless $MATRYOSHKA_LAB_ALLOW_REMOTE=1 (bokeh's default
 websocket-origin allowlist, localhost:PORT, refuses other Host headers as well). Pass --address 127.0.0.1 to not

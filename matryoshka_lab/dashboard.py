@@ -23,14 +23,14 @@ from .runs import array_dir, array_file, array_steps, parse_record
 
 # %% auto #0
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'SNAPSHOTS', 'runs_root', 'resolve_run', 'run_file',
-           'read_file', 'safe_runs', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots',
+           'read_file', 'safe_runs', 'is_run', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots',
            'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'name_parts', 'metric_kind',
-           'last_layer_pattern', 'snapshot_label', 'snapshot_figure', 'fractal_results', 'steerability_curves',
-           'figure_html', 'figure_png']
+           'last_layer_pattern', 'metric_direction', 'snapshot_label', 'snapshot_figure', 'fractal_results',
+           'steerability_curves', 'figure_html', 'figure_png']
 
 # %% ../nbs/23_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
-RUN_MARKERS = ("metrics.jsonl", "config.json", "grid.csv")
+RUN_MARKERS = ("metrics.jsonl", "config.json")   # what makes a folder a run
 SKIP_DIRS = {"arrays", "checkpoints", "model"}   # inside a run: never runs themselves, possibly large
 
 def runs_root() -> Path:
@@ -87,8 +87,8 @@ def read_file(path: str | Path, root: str | Path, max_bytes: int) -> bytes:
     return data
 
 # %% ../nbs/23_dashboard.ipynb #19c009
-def safe_runs(root: str | Path, max_depth: int = 3) -> list[str]:
-    "Sorted names of run directories under root (at most max_depth levels down), only those that stay inside root."
+def safe_runs(root: str | Path, max_depth: int = 3, markers=RUN_MARKERS) -> list[str]:
+    "Sorted names of run directories under root (at most max_depth levels down, holding one of `markers`), only those that stay inside root."
     root = Path(root).resolve()
     if not root.is_dir():
         return []
@@ -98,9 +98,17 @@ def safe_runs(root: str | Path, max_depth: int = 3) -> list[str]:
         rel = here.relative_to(root)
         keep = len(rel.parts) < max_depth
         dirnames[:] = sorted(d for d in dirnames if keep and d not in SKIP_DIRS and not d.startswith("."))
-        if rel.parts and any(f in filenames and _inside(here / f, root) for f in RUN_MARKERS):
+        if rel.parts and any(f in filenames and _inside(here / f, root) for f in markers):
             names.append(rel.as_posix())
     return sorted(names)
+
+def is_run(root: str | Path, name: str) -> bool:
+    "Whether safe_runs would list `name` now, without walking the whole root (a name leading out of root is none)."
+    try:
+        path = resolve_run(root, name)
+    except ValueError:
+        return False
+    return any((path / f).is_file() and _inside(path / f, root) for f in RUN_MARKERS)
 
 # %% ../nbs/23_dashboard.ipynb #19c012
 @dataclass
@@ -264,17 +272,30 @@ def natural_key(name: str) -> tuple:
     "Sort key ordering the numbers inside a name by value: L2/d16 < L2/d128 < L10/d16."
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
 
-def compare_frame(latest: dict[str, pd.DataFrame],   # run name -> MetricsTail.latest()
-                  pattern: str = "*") -> pd.DataFrame:
-    "Latest values of the metrics matching `pattern`, one column per run, then 'Δ run' = run - first run."
-    cols = {run: {key: v for key, v in df["value"].items() if fnmatch.fnmatchcase(key[1], pattern)}
-            for run, df in latest.items()}
-    if not cols:
+def _points(s: Series) -> dict:
+    "A series' stored points and its exact latest one, {step: value}."
+    points = dict(zip(s.steps, s.values))
+    if s.last is not None:
+        points[s.last[0]] = s.last[1]
+    return points
+
+def compare_frame(stores: dict[str, MetricStore],   # run name -> its MetricsTail (a MetricStore)
+                  pattern: str = "*", step: int | None = None) -> pd.DataFrame:
+    "The metrics matching `pattern` side by side at a step all the runs that log them have: per row that step ('at step': the last common one, at or before `step` if given), each run's value there, then 'Δ run' = run - first run."
+    keys = sorted({k for store in stores.values() for k in store.series if fnmatch.fnmatchcase(k[1], pattern)},
+                  key=lambda k: (k[0], natural_key(k[1])))                  # d16 before d128
+    if not keys:
         return pd.DataFrame()
-    out = pd.DataFrame(cols, dtype=float)
-    out = out.loc[sorted(out.index, key=lambda k: (k[0], natural_key(k[1])))]   # d16 before d128
-    first = list(cols)[0]
-    for run in list(cols)[1:]:
+    rows = []
+    for key in keys:
+        points = {run: _points(store.series[key]) for run, store in stores.items() if key in store.series}
+        common = set.intersection(*(set(p) for p in points.values()))
+        at = max((s for s in common if step is None or s <= step), default=None)
+        rows.append({"at step": at, **{run: p[at] for run, p in points.items() if at is not None}})
+    out = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(keys, names=["split", "name"]),
+                       columns=["at step", *stores], dtype=float)
+    first = list(stores)[0]
+    for run in list(stores)[1:]:
         out[f"Δ {run}"] = out[run] - out[first]
     return out
 
@@ -308,6 +329,15 @@ def last_layer_pattern(names) -> str:
     "A glob selecting the eval grid records at the deepest layer among `names` ('*/L6/d*/*'); '*' when none is a grid record."
     layers = [int(m["layer"]) for n in names if (m := GRID_NAME.match(n))]
     return f"*/L{max(layers)}/d*/*" if layers else "*"
+
+_HIGHER = {"spearman", "pearson", "ndcg", "map", "mrr", "recall", "precision", "acc", "accuracy", "f1", "auc"}
+
+def metric_direction(split: str, name: str) -> int:
+    "+1 when a larger value is better (a score: spearman, ndcg_at_10, knn_acc_intent ...), -1 when a smaller one is (a training loss or its parts, NC1), 0 when neither (lr, grad_norm, most diagnostics)."
+    if split == "train":
+        return 0 if name in ("lr", "grad_norm") else -1
+    words = set(re.split(r"[_/@]", metric_kind(name).lower()))
+    return -1 if words & {"loss", "nc1"} else 1 if words & _HIGHER else 0
 
 # %% ../nbs/23_dashboard.ipynb #19c030
 GRIDS = {"diag_erank": "effective rank", "diag_cv": "coefficient of variation", "diag_cka_prefix": "CKA(prefix, full)",

@@ -12,25 +12,29 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 import pandas as pd
 import panel as pn
 
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
-    last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_kind, name_parts, natural_key, read_file, resolve_run,
-    run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
+    is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, name_parts, natural_key,
+    read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'TABLE_HEIGHT', 'TABLE_ROWS', 'BAR_KINDS', 'BARS_PER_KIND', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT',
-           'GRID_BYTES', 'CONFIG_BYTES', 'client_allowed', 'empty_figure', 'axis_title', 'lines_figure',
-           'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab',
-           'find_grids', 'read_grid', 'grid_view', 'budget_view', 'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin',
-           'SnapshotMixin', 'SteerabilityMixin', 'compare_bars', 'CompareMixin', 'Workbench', 'build_app', 'show']
+           'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'BAR_KINDS', 'BARS_PER_KIND', 'SIDEBAR', 'FIGURE_HEIGHT',
+           'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'WAIT_S', 'client_allowed', 'empty_figure', 'axis_title',
+           'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit',
+           'figure_pane', 'with_exports', 'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser',
+           'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin',
+           'compare_bars', 'CompareMixin', 'Workbench', 'build_app', 'Served', 'jupyter_origins', 'serve_here', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -41,6 +45,7 @@ COLUMNS = ["task", "layer", "dim", "metric", "value"]
 NOT_DEFAULT = ("lr", "grad_norm")   # training curves not shown until chosen
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
 MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
+SMOOTHING = 0.6        # the training curves' smoothing at first (TensorBoard's default weight)
 TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
 TABLE_ROWS = 500       # rows of the Compare table at most (it says when it shows fewer than match)
 BAR_KINDS, BARS_PER_KIND = 3, 12   # the Compare bars: panels (one per kind of metric) and bars per run in each
@@ -60,20 +65,42 @@ def empty_figure(text: str):
     import plotly.graph_objects as go
     return go.Figure().update_layout(title=text, height=320, width=640, xaxis_visible=False, yaxis_visible=False)
 
-def axis_title(names, fallback: str = "value") -> str:
-    "The y axis title of curves of `names`: the kind of metric they share (dashboard.metric_kind), else `fallback`."
+def axis_title(names, fallback: str = "value", split: str = "train") -> str:
+    "The y axis title of curves of `names` (records of `split`): the kind of metric they share (dashboard.metric_kind), '(x100)' for scores, else `fallback`."
     kinds = {metric_kind(n) for n in names}
-    return kinds.pop() if len(kinds) == 1 else fallback
+    if len(kinds) != 1:
+        return fallback
+    scores = split != "train" and all(metric_direction(split, n) > 0 for n in names)   # the evaluator's scores are x100
+    return kinds.pop() + (" (x100)" if scores else "")
 
-def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str):
-    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps)."
+def smooth(values, weight: float) -> np.ndarray:
+    "TensorBoard's smoothing of a curve: an exponential moving average with `weight` on the past, its start-up bias divided out; a NaN stays a gap and is skipped."
+    out, last, n = np.full(len(values), np.nan), 0.0, 0
+    for i, v in enumerate(np.asarray(values, dtype=np.float64)):
+        if np.isfinite(v):
+            last, n = weight * last + (1 - weight) * v, n + 1
+            out[i] = last / (1 - weight ** n)
+    return out
+
+def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0):
+    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps); smoothing > 0 draws each smoothed (smooth) over its raw points, faint."
     import plotly.graph_objects as go
+    from plotly.colors import qualitative
     groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
     if not groups:
         return empty_figure(f"{title}: nothing yet")
-    fig = go.Figure([go.Scatter(x=g.step, y=g.value, name=n, mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines")
-                     for n in names if (g := groups.get(n)) is not None])
-    return fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760)
+    fig = go.Figure()
+    for i, n in enumerate(n for n in names if n in groups):
+        g, colour = groups[n], qualitative.Plotly[i % len(qualitative.Plotly)]
+        mode = "lines+markers" if len(g) <= MARKERS_UP_TO else "lines"
+        if smoothing > 0:
+            fig.add_trace(go.Scatter(x=g.step, y=g.value, mode=mode, line_color=colour, opacity=0.25, showlegend=False,
+                                     hoverinfo="skip", legendgroup=n))
+        fig.add_trace(go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n, mode=mode,
+                                 line_color=colour, legendgroup=n))
+    return fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760,
+                             xaxis_rangemode="nonnegative",                     # one point at step 0: no axis from -1
+                             legend=dict(orientation="h", yanchor="top", y=-0.25, x=0), margin=dict(b=40))
 
 def default_train(names: list[str]) -> list[str]:
     "The loss, its unprefixed parts (not lr, grad_norm) and the deepest layer's per-prefix parts L{l}/d{d}/..., at most MAX_CURVES."
@@ -89,14 +116,15 @@ def headline_pair(grid: pd.DataFrame, task: str | None = None) -> tuple[str, str
     return task, pairs[task]
 
 def default_eval(names: list[str], task: str | None = None) -> list[str]:
-    "Every prefix of the deepest layer, in the headline metric of `task` (else the first task) of the grid records; else names ending in spearman."
+    "Every prefix of the deepest layer, in the headline metric of `task` (else the first task) of the grid records; else names ending in spearman; else the first few, diagnostics last (the monitor changes them once a task's records come)."
     grid = eval_grids(pd.DataFrame({"split": "eval", "name": list(names), "step": 0, "value": 0.0}))
     if len(grid):
         task, metric = headline_pair(grid, task)
         sel = grid[(grid.task == task) & (grid.metric == metric)]
         sel = sel[sel.layer == sel.layer.max()].sort_values("dim")
         return [f"{task}/L{l}/d{d}/{metric}" for l, d in zip(sel.layer, sel.dim)][:MAX_CURVES]
-    return [n for n in names if n.endswith("spearman")][:MAX_CURVES] or list(names)[:4]
+    spearman = [n for n in names if n.endswith("spearman")]
+    return spearman[:MAX_CURVES] or sorted(names, key=lambda n: n.startswith("diag/"))[:4]
 
 # %% ../nbs/24_workbench.ipynb #20c010
 def export_row(get_fig, stem: str) -> pn.Row:
@@ -132,7 +160,7 @@ def find_grids(root: Path) -> dict[str, Path]:
     "grid.csv files under root, by their path relative to root; anything resolving outside root is ignored."
     root = Path(root).resolve()
     found = {}
-    for name in safe_runs(root):
+    for name in safe_runs(root, markers=("grid.csv",)):
         try:
             path = run_file(root, name, "grid.csv")
         except ValueError:
@@ -154,72 +182,124 @@ def read_grid(path: Path, root: Path) -> pd.DataFrame:
     return df.dropna(subset=["task", "layer", "dim", "metric"])
 
 # %% ../nbs/24_workbench.ipynb #20c015
-def grid_view(root: Path):
-    "The grid browser: a grid.csv picker, a task / metric picker, the heatmap, its table and export buttons."
-    grids = find_grids(root)
-    if not grids:
-        return pn.pane.Markdown("No `grid.csv` under the runs root yet (the trainer writes one at evaluations; "
-                                "`matryoshka-lab demo` writes runs/demo/grid.csv).")
-    run = pn.widgets.Select(label="Grid", options=list(grids), width=SIDEBAR)
-    pair = pn.widgets.Select(label="Task / metric", width=SIDEBAR)
-    state = {"df": pd.DataFrame(columns=COLUMNS)}
+class GridPicker:
+    "A picker of the grid.csv files under root: refresh() lists them again and reloads the chosen one when its file changed; a load hands its table to on_load."
+    def __init__(self, root: Path, on_load):
+        self.root, self.on_load = Path(root), on_load
+        self.grids: dict[str, Path] = {}
+        self._loaded = False                                  # (path, mtime, size) of the file last read; False: none yet
+        self.select = pn.widgets.Select(label="Grid", options=[], width=SIDEBAR)
+        self.select.param.watch(lambda e: self.load(), "value")
 
-    def load(_=None):
-        state["df"] = read_grid(grids[run.value], root)
-        options = [f"{t} / {m}" for t, m in sorted(set(zip(state["df"].task, state["df"].metric)))]
-        heads = [f"{t} / {m}" for t, m in headline(state["df"])] if len(state["df"]) else []
-        pair.options = options
-        pair.value = heads[0] if heads else (options[0] if options else None)
+    def refresh(self) -> None:
+        "List the grids again (the chosen one kept while it is there); read the chosen one again if its file changed."
+        self.grids = find_grids(self.root)
+        names = list(self.grids)
+        if names != list(self.select.options):
+            keep = self.select.value if self.select.value in names else (names[0] if names else None)
+            self.select.options = names
+            self.select.value = keep                           # fires load when it changes
+        if self._stamp() != self._loaded:
+            self.load()
 
-    def view(choice, _run):
-        if not choice:
-            return pn.pane.Markdown("This grid file is empty or malformed.")
-        task, metric = choice.split(" / ")
-        fig = plot_grid(state["df"], task, metric)
-        return pn.Column(figure_pane(fig, GRID_HEIGHT), export_row(lambda: fig, f"grid_{task}_{metric}"),
-                         pn.pane.DataFrame(grid_table(state["df"], task, metric).round(2), sizing_mode="stretch_width"),
-                         sizing_mode="stretch_width")
+    def _stamp(self):
+        path = self.grids.get(self.select.value)
+        try:
+            st = path.stat()
+        except (AttributeError, OSError):
+            return None
+        return path, st.st_mtime_ns, st.st_size
 
-    run.param.watch(load, "value")
-    load()
-    return tab("Grids", [run, pair], pn.bind(view, pair, run))
+    def load(self) -> None:
+        "Read the chosen grid (an empty table when there is none) and hand it to on_load."
+        self._loaded = self._stamp()
+        path = self.grids.get(self.select.value)
+        self.on_load(read_grid(path, self.root) if path else pd.DataFrame(columns=COLUMNS))
+
+def offer(widget, options: list, fallback, draw) -> None:
+    "Give a Select `options`, keeping its choice while offered, else choosing `fallback`; `draw` runs once either way (a new value fires it through the widget's watcher)."
+    keep = widget.value if widget.value in options else fallback
+    widget.options = options
+    if keep != widget.value:
+        widget.value = keep
+    else:
+        draw()
+
+class GridBrowser:
+    "The Grids tab: a GridPicker, a task / metric picker, the heatmap, its table and export buttons; its picker's refresh() follows new and rewritten grids."
+    def __init__(self, root: Path):
+        self.df = pd.DataFrame(columns=COLUMNS)
+        self.pair = pn.widgets.Select(label="Task / metric", width=SIDEBAR)
+        self.body = pn.Column(sizing_mode="stretch_width")
+        self.picker = GridPicker(root, self.load)
+        self.pair.param.watch(lambda e: self.draw(), "value")
+        self.layout = tab("Grids", [self.picker.select, self.pair], self.body)
+        self.picker.refresh()
+
+    def load(self, df: pd.DataFrame) -> None:
+        "A grid's table read: its task / metric pairs (the chosen one kept, else the first headline), then draw."
+        self.df = df
+        options = [f"{t} / {m}" for t, m in sorted(set(zip(df.task, df.metric)))]
+        heads = [f"{t} / {m}" for t, m in headline(df)] if len(df) else []
+        offer(self.pair, options, (heads or options or [None])[0], self.draw)
+
+    def draw(self) -> None:
+        if not self.picker.grids:
+            self.body.objects = [pn.pane.Markdown(
+                "No `grid.csv` under the runs root yet (the trainer writes one at evaluations; `matryoshka-lab demo` "
+                "writes runs/demo/grid.csv). This tab lists new ones as they are written.")]
+            return
+        if not self.pair.value:
+            self.body.objects = [pn.pane.Markdown("This grid file is empty or malformed.")]
+            return
+        task, metric = self.pair.value.split(" / ")
+        fig = plot_grid(self.df, task, metric)
+        self.body.objects = [figure_pane(fig, GRID_HEIGHT), export_row(lambda: fig, f"grid_{task}_{metric}"),
+                             pn.pane.DataFrame(grid_table(self.df, task, metric).round(2), sizing_mode="stretch_width")]
 
 # %% ../nbs/24_workbench.ipynb #20c016b
-def budget_view(root: Path):
-    "The Budget tab: a grid.csv picker, a retrieval task, a tolerance; the quality-per-byte frontier, the cheapest cell within the tolerance and every cell that is."
-    grids = find_grids(root)
-    if not grids:
-        return pn.pane.Markdown("No `grid.csv` under the runs root yet.")
-    run = pn.widgets.Select(label="Grid", options=list(grids), width=SIDEBAR)
-    task = pn.widgets.Select(label="Retrieval task", width=SIDEBAR)
-    tolerance = pn.widgets.FloatSlider(label="Tolerance (share of the full model's nDCG@10)", start=0.0, end=0.2,
-                                       step=0.005, value=0.01, width=SIDEBAR)
-    state = {"df": pd.DataFrame(columns=COLUMNS)}
+class BudgetBrowser:
+    "The Budget tab: a GridPicker, a retrieval task, a tolerance; the quality-per-byte frontier, the cheapest cell within the tolerance and every cell that is; its picker's refresh() follows new and rewritten grids."
+    def __init__(self, root: Path):
+        self.df = pd.DataFrame(columns=COLUMNS)
+        self.task = pn.widgets.Select(label="Retrieval task", width=SIDEBAR)
+        self.tolerance = pn.widgets.FloatSlider(label="Tolerance (share of the full model's nDCG@10)", start=0.0, end=0.2,
+                                                step=0.005, value=0.01, width=SIDEBAR)
+        self.body = pn.Column(sizing_mode="stretch_width")
+        self.picker = GridPicker(root, self.load)
+        self.task.param.watch(lambda e: self.draw(), "value")
+        self.tolerance.param.watch(lambda e: self.draw(), "value")
+        self.layout = tab("Budget", [self.picker.select, self.task, self.tolerance], self.body)
+        self.picker.refresh()
 
-    def load(_=None):
-        df = state["df"] = read_grid(grids[run.value], root)
+    def load(self, df: pd.DataFrame) -> None:
+        "A grid's table read: its retrieval tasks (the chosen one kept, else the first), then draw."
+        self.df = df
         tasks = sorted(df.task[df.metric == RETRIEVAL_METRIC].unique())
-        task.options, task.value = tasks, tasks[0] if tasks else None
+        offer(self.task, tasks, tasks[0] if tasks else None, self.draw)
 
-    def view(name, tol, _run):
+    def draw(self) -> None:
+        name, tol = self.task.value, self.tolerance.value
+        if not self.picker.grids:
+            self.body.objects = [pn.pane.Markdown("No `grid.csv` under the runs root yet; this tab lists new ones as "
+                                                  "they are written.")]
+            return
         if not name:
-            return pn.pane.Markdown("This grid has no retrieval task (no `ndcg_at_10` rows): `matryoshka-lab eval --tasks "
-                                    "mrpc_paraphrase --precisions float32,int8,binary --out runs/NAME/grid.csv` writes one.")
+            self.body.objects = [pn.pane.Markdown(
+                "This grid has no retrieval task (no `ndcg_at_10` rows): `matryoshka-lab eval --tasks mrpc_paraphrase "
+                "--precisions float32,int8,binary --out runs/NAME/grid.csv` writes one.")]
+            return
         try:
-            fig, pick = plot_frontier(state["df"], name, tolerances=(tol,)), advise(state["df"], name, tol).iloc[0]
+            fig, pick = plot_frontier(self.df, name, tolerances=(tol,)), advise(self.df, name, tol).iloc[0]
         except ValueError as err:
-            return pn.pane.Markdown(f"{name}: {err}")
-        cells = budget_cells(state["df"], name)
+            self.body.objects = [pn.pane.Markdown(f"{name}: {err}")]
+            return
+        cells = budget_cells(self.df, name)
         within = cells[cells.ratio >= 1 - tol].sort_values(["bytes_per_vector", "score"], ascending=[True, False])
         words = (f"**Cheapest within {tol:.1%} of the full model**: layer {pick.layer}, dim {pick.dim}, {pick.precision}: "
                  f"{pick.bytes_per_vector} bytes a vector, nDCG@10 {pick.score:.2f} ({pick.ratio:.1%} of the full model's).")
-        return pn.Column(figure_pane(fig), export_row(lambda: fig, f"budget_{name}"), pn.pane.Markdown(words),
-                         pn.pane.DataFrame(within.round(3), sizing_mode="stretch_width", max_rows=30),
-                         sizing_mode="stretch_width")
-
-    run.param.watch(load, "value")
-    load()
-    return tab("Budget", [run, task, tolerance], pn.bind(view, task, tolerance, run))
+        self.body.objects = [figure_pane(fig), export_row(lambda: fig, f"budget_{name}"), pn.pane.Markdown(words),
+                             pn.pane.DataFrame(within.round(3), sizing_mode="stretch_width", max_rows=30)]
 
 # %% ../nbs/24_workbench.ipynb #20c021
 CONFIG_BYTES = 1 << 20   # the largest config.json read
@@ -242,19 +322,31 @@ def _data_names(run_dir: Path, root: Path) -> dict:
         return {}
     return {path: v["name"] for path, v in record.items() if isinstance(v, dict) and isinstance(v.get("name"), str)}
 
+WAIT_S = 300   # s: how long the workbench waits for a run asked for by name that is not there yet
+
 class RunPickerMixin:
-    "The header's run picker over the runs under `root`; open_run() sets the open run's `run_dir`, `tail` and `config`."
+    "The header's run picker over the runs under `root`; open_run() sets the open run's `run_dir`, `tail` and `config`; a run asked for before it exists is waited for (wait_for_run)."
     def _init_runs(self, run: str | None) -> str | None:
-        "The header's widgets and the (empty) open run; returns the run to open first: `run` if listed, else the first."
+        "The header's widgets and the (empty) open run; returns the run to open first: `run` if listed, else (if `run` is not awaited) the first."
         self.names = safe_runs(self.root)
+        self.grid_views: list = []                     # the Grids and Budget tabs, refreshed with the runs
         self.tail: MetricsTail | None = None
         self.run_dir: Path | None = None
         self.config: dict = {}
-        first = run if run in self.names else (self.names[0] if self.names else None)
-        self.picker = pn.widgets.Select(label="Run", options=self.names, value=first, width=320)
-        self.refresh = pn.widgets.Button(label="Refresh runs", width=120)
         self.step = pn.pane.Markdown("step -", css_classes=[STEP_CLASS], name="step", width=160)
         self.status = pn.pane.Markdown("", css_classes=["ml-status"], width=520)
+        self.waiting, self._wait_since = None, 0.0     # a run asked for by name that is not there yet
+        if run and run not in self.names:
+            try:
+                resolve_run(self.root, run)
+                self.waiting, self._wait_since = run, time.monotonic()
+                self.status.object = f"waiting for run `{run}` to start under the runs root (up to {WAIT_S} s) ..."
+            except ValueError as err:
+                self.status.object = f"refused: {err}"   # (kept when the first run is opened instead)
+        first = run if run in self.names else (None if self.waiting else (self.names[0] if self.names else None))
+        shown = [self.waiting] if self.waiting else []                  # the picker shows the awaited run, none open
+        self.picker = pn.widgets.Select(label="Run", options=self.names + shown, value=first or self.waiting, width=320)
+        self.refresh = pn.widgets.Button(label="Refresh runs", width=120)
         self.picker.param.watch(lambda e: self.open_run(e.new), "value")
         self.refresh.on_click(lambda e: self.refresh_runs())
         return first
@@ -264,6 +356,7 @@ class RunPickerMixin:
         self.tail, self.run_dir, self.config, self.data_names = None, None, {}, {}
         self.step.object = "step -"
         if name:
+            self.waiting = None                        # a run chosen: nothing awaited any more
             try:
                 self.run_dir = resolve_run(self.root, name)
                 self.tail = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
@@ -273,19 +366,30 @@ class RunPickerMixin:
                 self.config = _read_config(self.run_dir, self.root)
                 self.data_names = _data_names(self.run_dir, self.root)   # your own files' task names, by path
                 self.status.object = ""
-        self.train_choice.options, self.train_choice.value = [], []
-        self.eval_choice.options, self.eval_choice.value = [], []
+        self.reset_choices()
         self.poll()
         self.redraw()
         self.refresh_arrays()
         self.refresh_fractal()
 
+    def wait_for_run(self) -> None:
+        "Open the awaited run once it holds a run's records (dashboard.is_run); after WAIT_S, stop and say so."
+        if is_run(self.root, self.waiting):
+            self.refresh_runs()
+            self.open_run(self.waiting)                # (the picker shows it already)
+        elif time.monotonic() - self._wait_since > WAIT_S:
+            self.status.object = (f"run `{self.waiting}` did not start within {WAIT_S} s under {self.root}: "
+                                  "choose a run in the Run menu")
+            self.waiting = None
+
     def refresh_runs(self) -> None:
-        "List the runs again; a run deleted while open stays selected."
+        "List the runs again (a run deleted while open stays selected), and the grids of the Grids and Budget tabs."
         self.names = safe_runs(self.root)
         keep = [self.picker.value] if self.picker.value and self.picker.value not in self.names else []
         self.picker.options = self.names + keep
         self.cmp_runs.options = self.names + [n for n in self.cmp_runs.value if n not in self.names]
+        for view in self.grid_views:
+            view.picker.refresh()
 
     def first_eval_task(self) -> str | None:
         "The open run's first configured eval task (its curves and grid are shown first), if its config names one."
@@ -294,16 +398,43 @@ class RunPickerMixin:
 
 # %% ../nbs/24_workbench.ipynb #20c022
 class MonitorMixin:
-    "The Monitor tab's curves of the open run's `tail`: poll() reads it (step pane, status, pickers), redraw() draws."
+    "The Monitor tab's curves of the open run's `tail`: poll() reads it (step pane, status, pickers), redraw() draws; a picker follows its default until the user chooses."
     def _init_monitor(self) -> None:
-        "The pickers and figures, and what a change of the pickers triggers."
+        "The pickers, the smoothing slider and the figures, and what a change of each triggers."
         self._plotted, self._dirty = 0.0, False    # when the curves were last drawn; whether records came since
+        self._auto, self._setting = {"train": True, "eval": True}, False   # pickers on their defaults; set by code
         self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=SIDEBAR)
         self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=SIDEBAR)
+        self.smoothing = pn.widgets.FloatSlider(label="Smoothing (training curves)", start=0.0, end=0.99, step=0.01,
+                                                value=SMOOTHING, width=SIDEBAR)
         self.train_plot = figure_pane(empty_figure("no run selected"))
         self.eval_plot = figure_pane(empty_figure("no eval metrics yet"))
-        self.train_choice.param.watch(lambda e: self.redraw(), "value")
-        self.eval_choice.param.watch(lambda e: self.redraw(), "value")
+        self.train_choice.param.watch(lambda e: self._chosen("train"), "value")
+        self.eval_choice.param.watch(lambda e: self._chosen("eval"), "value")
+        self.smoothing.param.watch(lambda e: self.redraw(), "value")
+
+    def _chosen(self, which: str) -> None:
+        "A picker changed: by the user (it keeps their choice from now on) or by code; redraw."
+        if not self._setting:
+            self._auto[which] = False
+        self.redraw()
+
+    def _set(self, widget, options=None, value=None) -> None:
+        "Set a picker's options and value as code, not as the user's choice."
+        self._setting = True
+        try:
+            if options is not None:
+                widget.options = options
+            if value is not None:
+                widget.value = value
+        finally:
+            self._setting = False
+
+    def reset_choices(self) -> None:
+        "Empty pickers on their defaults again (a run was opened)."
+        self._auto = {"train": True, "eval": True}
+        for widget in (self.train_choice, self.eval_choice):
+            self._set(widget, [], [])
 
     def poll(self) -> int:
         "Read what the open run appended; update the step pane and status; returns the number of new records."
@@ -323,19 +454,17 @@ class MonitorMixin:
         return new
 
     def _update_choices(self) -> None:
+        "New metric names: each picker's options, and its default again while the user has not chosen."
         train = sorted((n for s, n in self.tail.series if s == "train"), key=natural_key)
         evals = sorted((n for s, n in self.tail.series if s != "train"), key=natural_key)
-        if train != list(self.train_choice.options):
-            self.train_choice.options = train
-            if not self.train_choice.value:
-                self.train_choice.value = default_train(train)
-        if evals != list(self.eval_choice.options):
-            self.eval_choice.options = evals
-            if not self.eval_choice.value:
-                self.eval_choice.value = default_eval(evals, self.first_eval_task())
+        for which, widget, names, default in (("train", self.train_choice, train, default_train),
+                                              ("eval", self.eval_choice, evals,
+                                               lambda n: default_eval(n, self.first_eval_task()))):
+            if names != list(widget.options):
+                self._set(widget, names, default(names) if self._auto[which] else None)
 
     def redraw(self) -> None:
-        "Draw the chosen training curves and eval metrics."
+        "Draw the chosen training curves (smoothed) and eval metrics."
         self._dirty, self._plotted = False, time.monotonic()
         if self.tail is None:
             self.train_plot.object = fit(empty_figure("no run selected"))
@@ -344,8 +473,9 @@ class MonitorMixin:
             df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
             train, evals = list(self.train_choice.value), list(self.eval_choice.value)
             self.train_plot.object = fit(lines_figure(df[df.split == "train"], train, "training loss and parts",
-                                                      axis_title(train)))
-            self.eval_plot.object = fit(lines_figure(df[df.split != "train"], evals, "eval metrics", axis_title(evals)))
+                                                      axis_title(train), smoothing=self.smoothing.value))
+            self.eval_plot.object = fit(lines_figure(df[df.split != "train"], evals, "eval metrics",
+                                                     axis_title(evals, split="eval")))
         self.refresh_grid(follow=False)
 
 # %% ../nbs/24_workbench.ipynb #20c022b
@@ -469,6 +599,7 @@ class SteerabilityMixin:
         self.steer_plot = figure_pane(empty_figure("no Fractal result JSON in this run"))
         self._steer_parts = [self.steer_select, with_exports(self.steer_plot, "steerability")]
         self.steer_box = pn.Column(sizing_mode="stretch_width")   # empty, or the parts once the run has a Fractal result
+        self.steer_hint = pn.pane.Markdown("", sizing_mode="stretch_width")   # what would produce what the run lacks
         self.steer_select.param.watch(lambda e: self.draw_steerability(), "value")
 
     def refresh_fractal(self) -> None:
@@ -481,7 +612,23 @@ class SteerabilityMixin:
         want = self._steer_parts if self.steer_select.options else []   # swapped, not hidden: a hidden plotly
         if list(self.steer_box.objects) != want:                         # pane breaks notebook views
             self.steer_box.objects = want
+        self.steer_hint.object = self._missing_views()
         self.draw_steerability()
+
+    def _missing_views(self) -> str:
+        "What produces the steerability curves and NC1 grids the open run lacks ('' when it has both or no run is open)."
+        if self.run_dir is None:
+            return ""
+        run = self.picker.value
+        lines = []
+        if "nc1" not in list_arrays(self.run_dir):
+            lines.append("**NC1** (within- over between-class scatter of each layer and prefix) is measured on a "
+                         "labelled probe by distillation runs (`method: distill_nc`, nbs/17_distill); this run has none.")
+        if not self._fractal:
+            lines.append(f"**Steerability curves** come from a Fractal result: `matryoshka-lab fractal --model "
+                         f"{self.root / run / 'model'} --dataset clinc150 --out {self.root / run / 'clinc150.json'}` "
+                         "trains the heads on this run's model and puts the result in its folder, where this tab shows it.")
+        return "\n\n".join(lines)
 
     def draw_steerability(self) -> None:
         choice = self.steer_select.value
@@ -501,8 +648,9 @@ def _bar_label(split: str, name: str) -> str:
     return label if split == "eval" else f"{split}: {label}"
 
 def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows, one column per run, then the deltas
-                 runs: list[str], max_kinds: int = BAR_KINDS, max_bars: int = BARS_PER_KIND):
-    "Grouped bars of the runs' latest values, one panel per kind of metric with its own titled axis; a cut list says so."
+                 runs: list[str], max_kinds: int = BAR_KINDS, max_bars: int = BARS_PER_KIND,
+                 caveat: str = ""):   # added to the title of a panel of training records (different methods' losses)
+    "Grouped bars of the runs' values (at compare_frame's steps), one panel per kind of metric with its own titled axis; a cut list says so."
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
@@ -510,7 +658,9 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
     order = list(dict.fromkeys(kinds))
     shown = order[:max_kinds]
     counts = kinds.value_counts()
-    titles = [k + (f" (first {max_bars} of {counts[k]})" if counts[k] > max_bars else "") for k in shown]
+    trained = {k for (split, _), k in kinds.items() if split == "train"}
+    titles = [k + (f" (first {max_bars} of {counts[k]})" if counts[k] > max_bars else "")
+              + (f" {caveat}" if caveat and k in trained else "") for k in shown]
     fig = make_subplots(rows=len(shown), cols=1, subplot_titles=titles, vertical_spacing=0.5 / max(len(shown), 1))
     for row, kind in enumerate(shown, 1):
         part = df[kinds == kind].head(max_bars)
@@ -519,37 +669,39 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
             fig.add_trace(go.Bar(name=run, x=x, y=part[run], legendgroup=run, showlegend=row == 1,
                                  marker_color=qualitative.Plotly[i % len(qualitative.Plotly)]), row=row, col=1)
         fig.update_yaxes(title_text=kind, row=row, col=1)
-    title = "latest values" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
+    title = "values at a step all the runs have" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
                                if len(order) > max_kinds else "")
     return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
 
 class CompareMixin:
-    "The Compare tab: the chosen runs' latest values side by side, deltas against the first, and a metric's curves."
+    "The Compare tab: the chosen runs' values at a step they all have, side by side, deltas against the first coloured by which way is better, and a metric's curves."
     def _init_compare(self) -> None:
-        "The run and metric pickers, the pattern, the table and figures, and what a change of each triggers."
+        "The run and metric pickers, the pattern, the step, the table and figures, and what a change of each triggers."
         self._cmp_tails: dict[str, MetricsTail] = {}
         self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
                                                value=self.names[:2], width=SIDEBAR)
         self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name, * for all)", value="",
                                                 placeholder="the eval grid at the last layer", width=SIDEBAR)
+        self.cmp_step = pn.widgets.IntInput(label="At step (empty: the last step all the runs have)", value=None,
+                                            start=0, width=SIDEBAR)
         self.cmp_button = pn.widgets.Button(label="Compare", width=120)
         self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
         self.cmp_plot = figure_pane(empty_figure("choose runs"))
         self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=SIDEBAR)
         self.cmp_lines = figure_pane(empty_figure("choose runs"))
         self.cmp_button.on_click(lambda e: self.compare())
-        self.cmp_pattern.param.watch(lambda e: self.compare(), "value")
-        self.cmp_runs.param.watch(lambda e: self.compare(), "value")
+        for widget in (self.cmp_pattern, self.cmp_runs, self.cmp_step):
+            widget.param.watch(lambda e: self.compare(), "value")
         self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
 
     def compare(self) -> None:
-        "Latest values of the chosen runs' metrics matching the pattern: a scrolling table with coloured deltas, and bars."
-        latest = self._compared_latest()
+        "The chosen runs' metrics matching the pattern at a step they share: a scrolling table with coloured deltas, and bars."
+        tails = self._compared_tails()
         pattern = self.cmp_pattern.value.strip()
         if not pattern:                                  # the eval grid at the reference run's last layer
-            ref = next(iter(latest.values()), None)
-            pattern = last_layer_pattern([n for s, n in ref.index if s != "train"]) if ref is not None else "*"
-        df = compare_frame(latest, pattern)
+            ref = next(iter(tails.values()), None)
+            pattern = last_layer_pattern([n for s, n in ref.series if s != "train"]) if ref is not None else "*"
+        df = compare_frame(tails, pattern, self.cmp_step.value)
         names = sorted({n for _, n in df.index}, key=natural_key)
         if names != list(self.cmp_metric.options):
             self.cmp_metric.options = names
@@ -562,40 +714,56 @@ class CompareMixin:
             self.cmp_plot.object = fit(empty_figure("nothing to compare"))
             return
         deltas = [c for c in df.columns if str(c).startswith("Δ ")]
+        methods = {run: str(self._run_config(run).get("method", "?")) for run in tails}
+        mixed = len(set(methods.values())) > 1 and (df.index.get_level_values(0) == "train").any()
         table = df.head(TABLE_ROWS).copy()
+        better = [metric_direction(s, n) for s, n in table.index]
         table.index = [f"{s}: {n}" for s, n in table.index]
 
-        def colour(v):
-            if pd.isna(v) or v == 0:
-                return ""
-            return "background-color: #c8e6c9" if v > 0 else "background-color: #ffcdd2"
+        def colour(row):                                 # green where the run is better than the first, red worse
+            sign = better[table.index.get_loc(row.name)]
+            return ["" if c not in deltas or pd.isna(v) or v == 0 or sign == 0 else
+                    f"background-color: {'#c8e6c9' if v * sign > 0 else '#ffcdd2'}" for c, v in row.items()]
 
-        styler = table.style.format("{:.4g}", na_rep="–").map(colour, subset=deltas)
+        styler = table.style.format("{:.4g}", na_rep="–").format("{:.0f}", subset=["at step"], na_rep="–")
+        styler = styler.apply(colour, axis=1)
         shown = f"the first {TABLE_ROWS} of {len(df)}" if len(df) > TABLE_ROWS else f"{len(df)}"
-        note = (f"Latest value per run of {shown} metric{'s' if len(df) > 1 else ''} matching <code>{pattern}</code>"
+        when = (f"at step {self.cmp_step.value} or the last step before it that they share" if self.cmp_step.value
+                is not None else "at the last step the runs share")
+        note = (f"Each run's value of {shown} metric{'s' if len(df) > 1 else ''} matching <code>{pattern}</code>"
                 + ("" if self.cmp_pattern.value.strip() else " (the eval grid at the last layer; type a glob for others)")
-                + ("; Δ = run minus the first run (green above, red below)" if deltas else "") + ".")
+                + f", {when} (<i>at step</i>; – where they share none)"
+                + ("; Δ = run minus the first run, green where it is better (a score higher, a loss or NC1 lower), "
+                   "red where worse, plain where neither way is better" if deltas else "") + ".")
+        if mixed:
+            note += (" <b>The runs train different methods</b> (" + ", ".join(f"{r}: {m}" for r, m in methods.items())
+                     + "): their training losses are different quantities, so those rows do not say which run is better.")
         self.cmp_table.object = (f"<p>{note}</p><div style='max-height: {TABLE_HEIGHT}px; overflow-y: auto'>"
                                  + styler.to_html() + "</div>")
-        fig = compare_bars(df, [c for c in df.columns if c not in deltas])
+        fig = compare_bars(df, [c for c in df.columns if c not in deltas and c != "at step"],
+                           caveat="(different methods: different losses)" if mixed else "")
         self.cmp_plot.height = fig.layout.height
         self.cmp_plot.object = fit(fig)
 
-    def _compared_latest(self) -> dict[str, pd.DataFrame]:
-        "The latest values of each chosen run that can be read (its tail kept open while it stays chosen)."
-        latest = {}
+    def _run_config(self, name: str) -> dict:
+        "A compared run's config.json ({} when it has none or it cannot be read)."
+        try:
+            return _read_config(resolve_run(self.root, name), self.root)
+        except ValueError:
+            return {}
+
+    def _compared_tails(self) -> dict[str, MetricsTail]:
+        "The chosen runs that can be read, polled (each tail kept open while its run stays chosen)."
         for name in self.cmp_runs.value:
             if name not in self._cmp_tails:
                 try:
                     self._cmp_tails[name] = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
                 except ValueError:
                     continue
-            t = self._cmp_tails[name]
-            t.poll()
-            latest[name] = t.latest()
+            self._cmp_tails[name].poll()
         for gone in set(self._cmp_tails) - set(self.cmp_runs.value):
             del self._cmp_tails[gone]
-        return latest
+        return {name: self._cmp_tails[name] for name in self.cmp_runs.value if name in self._cmp_tails}
 
     def draw_compare_curves(self) -> None:
         "The chosen metric over steps, one line per compared run."
@@ -614,9 +782,10 @@ class CompareMixin:
 class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, SteerabilityMixin, CompareMixin):
     "One session's views over the runs root; tick() is the periodic callback, show() displays it in a notebook."
     def __init__(self, root: str | Path | None = None,   # default: $MATRYOSHKA_LAB_RUNS or ./runs
-                 run: str | None = None):                 # the run to open first (only a listed one)
+                 run: str | None = None):                 # the run to open first (one not there yet is awaited, WAIT_S)
         self.root = Path(root or runs_root()).resolve()
         self.callback = None                               # the periodic callback, once show() registered one
+        self.served = None                                 # show()'s server in a notebook kernel (Served)
         self.ticks = 0
         first = self._init_runs(run)
         self._init_monitor()
@@ -625,11 +794,13 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         self._init_steerability()
         self._init_compare()
         self.layout = self._layout()
+        asked = self.status.object                       # a refused or awaited name, said before any run opens
         self.open_run(first)
+        self.status.object = asked or self.status.object
         self.compare()
 
-    def _repr_mimebundle_(self, include=None, exclude=None):   # a notebook displays the layout
-        return self.layout._repr_mimebundle_(include, exclude)
+    def _repr_mimebundle_(self, include=None, exclude=None):   # a notebook displays the served app, else the layout
+        return self.served.bundle() if self.served else self.layout._repr_mimebundle_(include, exclude)
 
     def __panel__(self):                                        # pn.Row(workbench) and friends
         return self.layout
@@ -638,27 +809,30 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         "The header (title, run picker, step pane, status) over the five tabs: controls on the left, figures in the rest."
         title = pn.pane.Markdown(f"# matryoshka_lab workbench\nRuns root: `{self.root}` (set ${RUNS_ENV})")
         if not self.names:
-            title.object += ("\n\nNo runs under the runs root yet (a run is a folder with metrics.jsonl, config.json "
-                             "or grid.csv). Train one, or press Refresh runs.")
-        monitor = tab("Monitor", [self.train_choice, self.eval_choice, self.grid_pair, self.grid_slider],
+            title.object += ("\n\nNo runs under the runs root yet (a run is a folder with metrics.jsonl or config.json; "
+                             "a folder holding only a grid.csv is in the Grids tab). Train one, or press Refresh runs.")
+        monitor = tab("Monitor", [self.train_choice, self.smoothing, self.eval_choice, self.grid_pair, self.grid_slider],
                       pn.Row(with_exports(self.train_plot, "train_curves"),
                              with_exports(self.eval_plot, "eval_metrics"), sizing_mode="stretch_width"),
                       with_exports(self.grid_plot, "eval_grid"))
         snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input],
-                    with_exports(self.snap_plot, "snapshot"), self.steer_box)
-        compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_button, self.cmp_metric], self.cmp_table,
+                    with_exports(self.snap_plot, "snapshot"), self.steer_box, self.steer_hint)
+        compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_step, self.cmp_button, self.cmp_metric],
+                      self.cmp_table,
                       pn.Row(with_exports(self.cmp_plot, "compare"), with_exports(self.cmp_lines, "compare_curves"),
                              sizing_mode="stretch_width"))
-        grids = pn.Column(grid_view(self.root), name="Grids", sizing_mode="stretch_width")
-        budget = pn.Column(budget_view(self.root), name="Budget", sizing_mode="stretch_width")
-        self.tabs = pn.Tabs(monitor, snaps, compare, grids, budget, dynamic=False, sizing_mode="stretch_width")
+        self.grid_views = [GridBrowser(self.root), BudgetBrowser(self.root)]
+        self.tabs = pn.Tabs(monitor, snaps, compare, *(v.layout for v in self.grid_views), dynamic=False,
+                            sizing_mode="stretch_width")
         return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
                          sizing_mode="stretch_width")
 
     def tick(self) -> None:
-        "The periodic callback: poll the tail, update the step pane; every few ticks re-list runs and snapshots."
+        "The periodic callback: open an awaited run once it starts, poll the tail, update the step pane; every few ticks re-list runs, grids and snapshots."
         try:
             self.ticks += 1
+            if self.waiting:
+                self.wait_for_run()
             self.poll()
             if self._dirty and time.monotonic() - self._plotted >= PLOT_EVERY_S:
                 self.redraw()
@@ -685,14 +859,58 @@ def _polled() -> bool:
     except RuntimeError:
         return False
 
+@dataclass
+class Served:
+    "A workbench served from the notebook's own kernel: the Bokeh server, its address and the id the notebook extension stops it by."
+    server: object
+    url: str
+    server_id: str
+
+    def bundle(self) -> tuple[dict, dict]:
+        "The cell output: a line that says what it is (all a notebook reopened without the kernel shows), and the script that loads the app from the server (Bokeh's server_document: a few KB)."
+        from bokeh.embed import server_document
+        note = (f'<p class="ml-served">The live workbench, served by this notebook\'s kernel at <a href="{self.url}" '
+                f'target="_blank">{self.url}</a> (also in a tab of its own). It needs that kernel: a notebook opened '
+                "again shows only this line until the cell runs again.</p>")
+        return {"text/html": note + server_document(self.url, resources=None),
+                "text/plain": f"matryoshka_lab workbench served at {self.url} by this notebook's kernel (run the cell to see it)"}, {}
+
+def jupyter_origins() -> list[str]:
+    "host:port of every Jupyter server running on this machine, as localhost and 127.0.0.1: the pages a notebook's output lives in ([] when none is found)."
+    try:
+        from jupyter_server.serverapp import list_running_servers
+        ports = sorted({int(s["port"]) for s in list_running_servers()})
+    except Exception:               # no jupyter_server, or an unreadable runtime folder: nothing known
+        ports = []
+    return [f"{host}:{port}" for port in ports for host in ("localhost", "127.0.0.1")]
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def serve_here(wb: Workbench, origins: list[str]) -> Served:
+    "Serve wb's layout from this process's event loop on a free port of 127.0.0.1, to pages from `origins` (and its own address): every page shows the same live workbench."
+    import uuid
+    from panel.io.server import get_server
+    server_id, port = uuid.uuid4().hex, _free_port()
+    server = get_server(wb.layout, port=port, address="127.0.0.1", websocket_origin=[*origins, f"127.0.0.1:{port}"],
+                        start=True, show=False, title="matryoshka_lab workbench", server_id=server_id)
+    return Served(server, f"http://127.0.0.1:{port}", server_id)
+
 def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_LAB_RUNS or ./runs
-         run: str | None = None,            # the run to open first
+         run: str | None = None,            # the run to open first (awaited if it has not started yet)
          period_ms: int = PERIOD_MS,
-         inline: bool = True) -> Workbench:   # embed Bokeh, Panel and plotly's JavaScript (works offline); False: CDN
-    "The workbench inline in a notebook, its tick() called every period_ms while a kernel runs it (no-op elsewhere)."
+         served: bool = True) -> Workbench:   # False: Panel's inline output, its JavaScript in the notebook (~16 MB)
+    "The workbench in a notebook, its tick() called every period_ms while a kernel runs it (no-op elsewhere): served from the kernel to the local Jupyter server's pages (serve_here), the notebook keeping a few KB; inline, with the JavaScript embedded, when served=False or no Jupyter server is found (another notebook front end)."
     wb = build_app(root, run)
     if _polled():
         if pn.state.curdoc is None or pn.state.curdoc.session_context is None:
-            pn.extension("plotly", inline=inline)
+            origins = jupyter_origins() if served else []
+            if origins:
+                wb.served = serve_here(wb, origins)
+            else:
+                pn.extension("plotly", inline=True)
         wb.callback = pn.state.add_periodic_callback(wb.tick, period=period_ms)
     return wb

@@ -199,7 +199,8 @@ def test_finds_grids_and_refuses_escapes(tmp_path):
     (root / "sneaky" / "grid.csv").symlink_to(tmp_path / "outside" / "grid.csv")
     assert list(dash.find_grids(root.resolve())) == ["demo/grid.csv"]
     app = dash.build_app(root.resolve())
-    assert "workbench" in app.layout[0].object and app.picker.options == ["demo"]
+    assert "workbench" in app.layout[0].object and app.picker.options == []   # a folder holding only a grid is no run ...
+    assert [v.picker.select.options for v in app.grid_views] == [["demo/grid.csv"]] * 2   # ... but a grid of both grid tabs
 
 
 def test_bad_files_do_not_crash(tmp_path):
@@ -479,7 +480,7 @@ def test_browser_shows_new_step_within_2s(tmp_path):
             page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
         assert page.get_by_text("Cheapest within 1.0% of the full model").count() == 1   # the Budget tab's advice
         page.get_by_text("Compare", exact=True).first.click()
-        box = page.locator("input.bk-input[type=text] >> visible=true")
+        box = page.get_by_placeholder("the eval grid at the last layer")   # the metric pattern
         box.fill("*")                                            # all 88 metrics: the table scrolls, the bars are cut
         box.press("Enter")
         page.get_by_text("metrics matching *").first.wait_for(timeout=20_000)
@@ -542,43 +543,105 @@ NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0",
             "nbformat": 4, "nbformat_minor": 5}
 
 
+def notebook_with(folder: Path, name: str, source: str) -> Path:
+    "folder/name, a notebook of one code cell."
+    nb = {**NOTEBOOK, "cells": [{**NOTEBOOK["cells"][0], "source": source}]}
+    (folder / name).write_text(json.dumps(nb))
+    return folder / name
+
+
+def run_first_cell(page, url: str, shows: str = ".ml-step") -> list:
+    "Open the notebook at url in JupyterLab and run its first cell (accepting the dialogs a user would) until one more `shows` is on the page (other notebooks' tabs may hold some); the dialogs' titles."
+    errors, asked = [], []
+    page.on("pageerror", lambda e: errors.append(str(e)[:300]))
+    page.goto(url, timeout=120_000)
+    found, dialogs = page.locator(shows), page.locator(".jp-Dialog")
+    page.locator(".jp-Notebook .jp-Cell >> visible=true").first.wait_for(timeout=120_000)
+    before = found.count()
+
+    def wait(seconds: float) -> bool:
+        "Until the cell's output shows (True) or a dialog asks (False), at most `seconds`."
+        end = time.time() + seconds
+        while time.time() < end and found.count() <= before and not dialogs.count():
+            time.sleep(0.25)
+        return found.count() > before
+
+    for attempt in range(4):                                 # a key press before the notebook is ready is lost
+        page.locator(".jp-Notebook .jp-Cell >> visible=true").first.click(timeout=120_000)   # (other tabs: hidden)
+        page.keyboard.press("Shift+Enter")                   # runs once the kernel is up
+        for _ in range(3):                                   # a dialog may come first; accepting it runs the cell
+            if wait(40) or not dialogs.count():
+                break
+            dialog = dialogs.first                           # accepted as a user would (4.6 may ask to Select Kernel)
+            asked.append(dialog.locator(".jp-Dialog-header").inner_text())
+            dialog.locator(".jp-mod-accept").click()
+            dialog.wait_for(state="detached", timeout=10_000)
+        if found.count() > before:
+            break
+        page.screenshot(path=str(ARTIFACTS / f"notebook_attempt{attempt}.png"), full_page=True)
+    assert found.count() > before, f"{shows} never showed in the notebook; dialogs {asked}, page errors: {errors}"
+    return asked
+
+
 def test_notebook_shows_new_step_within_2s(tmp_path):
     "JupyterLab in headless Chromium runs show() in a notebook (no internet needed); a step written by another process shows within 2 s."
     browser_or_skip()
     runs = tmp_path / "runs"
     write_run(runs / "live", config={"dims": [2, 4, 8]})
-    nb = {**NOTEBOOK, "cells": [{**NOTEBOOK["cells"][0], "source": NOTEBOOK["cells"][0]["source"].format(root=str(runs))}]}
-    (tmp_path / "workbench.ipynb").write_text(json.dumps(nb))
+    notebook_with(tmp_path, "workbench.ipynb", NOTEBOOK["cells"][0]["source"].format(root=str(runs)))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
     with jupyter_lab(tmp_path, port), chromium_page() as page:
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)[:300]))
-        page.goto(f"http://127.0.0.1:{port}/lab/tree/workbench.ipynb?token=t", timeout=120_000)
-        step, asked = page.locator(".ml-step"), []
-        for attempt in range(4):                                 # a key press before the notebook is ready is lost
-            page.locator(".jp-Notebook .jp-Cell").first.click(timeout=120_000)
-            page.keyboard.press("Shift+Enter")                   # runs once the kernel is up
-            for _ in range(3):                                   # a dialog may come first; accepting it runs the cell
-                try:
-                    page.locator(".ml-step, .jp-Dialog").first.wait_for(timeout=40_000)
-                except Exception:
-                    break
-                if step.count():
-                    break
-                dialog = page.locator(".jp-Dialog").first        # accepted as a user would (4.6 may ask to Select Kernel)
-                asked.append(dialog.locator(".jp-Dialog-header").inner_text())
-                dialog.locator(".jp-mod-accept").click()
-                dialog.wait_for(state="detached", timeout=10_000)
-            if step.count():
-                break
-            page.screenshot(path=str(ARTIFACTS / f"notebook_attempt{attempt}.png"), full_page=True)
-        assert step.count(), f"the workbench never showed in the notebook; dialogs {asked}, page errors: {errors}"
+        asked = run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/workbench.ipynb?token=t")
+        step = page.locator(".ml-step")
         wait_shown(step, "step 5")
         seen = seconds_to_show(step, runs / "live", 42)
         time.sleep(1.2)
         page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
         print(f"new step shown in the notebook {seen:.3f} s after the write; dialogs accepted: {asked}")
+
+
+def saved_outputs(path: Path, seconds: float = 30) -> tuple[int, str]:
+    "(size in bytes, outputs' text) of the notebook at path once JupyterLab saved it with its outputs."
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            cells = json.loads(path.read_text())["cells"]
+        except ValueError:                                   # caught mid-write
+            cells = [{}]
+        if cells[0].get("outputs"):
+            return path.stat().st_size, json.dumps(cells[0]["outputs"])
+        time.sleep(0.5)
+    raise AssertionError(f"{path.name} was not saved with its outputs within {seconds} s")
+
+
+def test_saved_notebook_stays_small_and_says_it_needs_a_kernel(tmp_path):
+    "show() in JupyterLab, the notebook saved (Ctrl+S): under 500 KB and saying the live view needs its kernel; Panel's inline output (show(served=False)) for the size before."
+    browser_or_skip()
+    runs = tmp_path / "runs"
+    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    code = "from matryoshka_lab.workbench import show\nshow({root!r}, 'live'{extra})"
+    served = notebook_with(tmp_path, "served.ipynb", code.format(root=str(runs), extra=""))
+    inline = notebook_with(tmp_path, "inline.ipynb", code.format(root=str(runs), extra=", served=False"))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    sizes = {}
+    with jupyter_lab(tmp_path, port), chromium_page() as page:
+        for path in (served, inline):            # (the newest notebook's output is last; the 16 MB one opened last)
+            run_first_cell(page, f"http://127.0.0.1:{port}/lab/workspaces/{path.stem}/tree/{path.name}?token=t")  # alone
+            wait_shown(page.locator(".ml-step").last, "step 5" if path == served else "step 43")
+            if path == served:
+                seconds_to_show(page.locator(".ml-step").last, runs / "live", 43)   # served from the kernel: live
+                page.screenshot(path=str(ARTIFACTS / "notebook_served.png"), full_page=True)
+            page.locator(".jp-Notebook .jp-Cell >> visible=true").first.click()   # the notebook focused, not the app
+            page.keyboard.press("Control+s")
+            page.screenshot(path=str(ARTIFACTS / f"saved_{path.stem}.png"), full_page=True)
+            sizes[path.name], text = saved_outputs(path)
+            if path == served:
+                assert "needs that kernel" in text and "autoload.js" in text, text[:2000]
+    print(f"saved notebook after show(): {sizes['served.ipynb'] / 1e3:.1f} KB served from the kernel, "
+          f"{sizes['inline.ipynb'] / 1e6:.1f} MB with Panel's inline output")
+    assert sizes["served.ipynb"] < 500_000 < sizes["inline.ipynb"]
 
 
 RESULT_NOTEBOOK = "studies/06_report.ipynb"     # committed with its outputs (experiments/notebooks.py)
@@ -632,7 +695,7 @@ def compare_in_page(page, runs, pattern):
         pick.click()
         page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
         time.sleep(0.3)
-    box = page.locator("input.bk-input[type=text] >> visible=true")
+    box = page.get_by_placeholder("the eval grid at the last layer")   # the metric pattern
     box.fill(pattern)
     box.press("Enter")
     page.get_by_text(f"Δ {runs[-1]}").first.wait_for(timeout=20_000)
@@ -661,9 +724,9 @@ def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeyp
         head = page.locator("tr:has-text('Δ diagonal')").first.inner_text().split("\t")
         row = page.locator("tr:has-text('builtin_sts/L1/d8/spearman')").first.inner_text().split("\t")
         page.screenshot(path=str(ARTIFACTS / "compare_your_method.png"), full_page=False)
-    assert [h.strip() for h in head[1:]] == ["mrl", "2dmse", "diagonal", "Δ 2dmse", "Δ diagonal"], head
+    assert [h.strip() for h in head[1:]] == ["at step", "mrl", "2dmse", "diagonal", "Δ 2dmse", "Δ diagonal"], head
     mrl, diagonal = grid["mrl"][(1, 8)], grid["diagonal"][(1, 8)]
-    assert (row[1], row[3], row[5]) == (f"{mrl:.4g}", f"{diagonal:.4g}", f"{diagonal - mrl:.4g}"), row
+    assert (row[1], row[2], row[4], row[6]) == ("2", f"{mrl:.4g}", f"{diagonal:.4g}", f"{diagonal - mrl:.4g}"), row   # the final evaluation, at step 2
 
 
 ST_WRITER = """
