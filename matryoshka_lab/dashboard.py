@@ -281,7 +281,7 @@ def _points(s: Series) -> dict:
 
 def compare_frame(stores: dict[str, MetricStore],   # run name -> its MetricsTail (a MetricStore)
                   pattern: str = "*", step: int | None = None) -> pd.DataFrame:
-    "The metrics matching `pattern` side by side at a step all the runs that log them have: per row that step ('at step': the last common one, at or before `step` if given), each run's value there, then 'Δ run' = run - first run."
+    "The metrics matching `pattern` side by side as of one step: per row that step ('as of step': `step` if given, else the last step that every run logging the metric has reached with it), each run's latest value at or before it, then 'Δ run' = run - first run."
     keys = sorted({k for store in stores.values() for k in store.series if fnmatch.fnmatchcase(k[1], pattern)},
                   key=lambda k: (k[0], natural_key(k[1])))                  # d16 before d128
     if not keys:
@@ -289,11 +289,11 @@ def compare_frame(stores: dict[str, MetricStore],   # run name -> its MetricsTai
     rows = []
     for key in keys:
         points = {run: _points(store.series[key]) for run, store in stores.items() if key in store.series}
-        common = set.intersection(*(set(p) for p in points.values()))
-        at = max((s for s in common if step is None or s <= step), default=None)
-        rows.append({"at step": at, **{run: p[at] for run, p in points.items() if at is not None}})
+        at = step if step is not None else min(max(p) for p in points.values())
+        rows.append({"as of step": at, **{run: p[max(s for s in p if s <= at)] for run, p in points.items()
+                                           if any(s <= at for s in p)}})
     out = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(keys, names=["split", "name"]),
-                       columns=["at step", *stores], dtype=float)
+                       columns=["as of step", *stores], dtype=float)
     first = list(stores)[0]
     for run in list(stores)[1:]:
         out[f"Δ {run}"] = out[run] - out[first]

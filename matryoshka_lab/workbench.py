@@ -527,7 +527,7 @@ class EvalGridMixin:
         at = self._grids[self._grids.step == self.grid_slider.value]
         try:
             fig = plot_grid(at, task, metric)
-            title = f"{fig.layout.title.text} (step {self.grid_slider.value})"
+            title = f"{fig.layout.title.text}<br><sup>evaluated at step {self.grid_slider.value}</sup>"   # a narrow pane cuts one long line
             self.grid_plot.object = fit(fig.update_layout(title=title))
         except ValueError as err:
             self.grid_plot.object = fit(empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}"))
@@ -669,12 +669,12 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
             fig.add_trace(go.Bar(name=run, x=x, y=part[run], legendgroup=run, showlegend=row == 1,
                                  marker_color=qualitative.Plotly[i % len(qualitative.Plotly)]), row=row, col=1)
         fig.update_yaxes(title_text=kind, row=row, col=1)
-    title = "values at a step all the runs have" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
+    title = "values as of one step" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
                                if len(order) > max_kinds else "")
     return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
 
 class CompareMixin:
-    "The Compare tab: the chosen runs' values at a step they all have, side by side, deltas against the first coloured by which way is better, and a metric's curves."
+    "The Compare tab: the chosen runs' values as of one step, side by side, deltas against the first coloured by which way is better, and a metric's curves."
     def _init_compare(self) -> None:
         "The run and metric pickers, the pattern, the step, the table and figures, and what a change of each triggers."
         self._cmp_tails: dict[str, MetricsTail] = {}
@@ -682,7 +682,7 @@ class CompareMixin:
                                                value=self.names[:2], width=SIDEBAR)
         self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name, * for all)", value="",
                                                 placeholder="the eval grid at the last layer", width=SIDEBAR)
-        self.cmp_step = pn.widgets.IntInput(label="At step (empty: the last step all the runs have)", value=None,
+        self.cmp_step = pn.widgets.IntInput(label="As of step (empty: the last all the runs have reached)", value=None,
                                             start=0, width=SIDEBAR)
         self.cmp_button = pn.widgets.Button(label="Compare", width=120)
         self.cmp_table = pn.pane.HTML("", sizing_mode="stretch_width")
@@ -695,7 +695,7 @@ class CompareMixin:
         self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
 
     def compare(self) -> None:
-        "The chosen runs' metrics matching the pattern at a step they share: a scrolling table with coloured deltas, and bars."
+        "The chosen runs' metrics matching the pattern as of one step: a scrolling table with coloured deltas, and bars."
         tails = self._compared_tails()
         pattern = self.cmp_pattern.value.strip()
         if not pattern:                                  # the eval grid at the reference run's last layer
@@ -725,14 +725,14 @@ class CompareMixin:
             return ["" if c not in deltas or pd.isna(v) or v == 0 or sign == 0 else
                     f"background-color: {'#c8e6c9' if v * sign > 0 else '#ffcdd2'}" for c, v in row.items()]
 
-        styler = table.style.format("{:.4g}", na_rep="–").format("{:.0f}", subset=["at step"], na_rep="–")
+        styler = table.style.format("{:.4g}", na_rep="–").format("{:.0f}", subset=["as of step"], na_rep="–")
         styler = styler.apply(colour, axis=1)
         shown = f"the first {TABLE_ROWS} of {len(df)}" if len(df) > TABLE_ROWS else f"{len(df)}"
-        when = (f"at step {self.cmp_step.value} or the last step before it that they share" if self.cmp_step.value
-                is not None else "at the last step the runs share")
+        when = (f"as of step {self.cmp_step.value}" if self.cmp_step.value is not None
+                else "as of the last step all the runs have reached")
         note = (f"Each run's value of {shown} metric{'s' if len(df) > 1 else ''} matching <code>{pattern}</code>"
                 + ("" if self.cmp_pattern.value.strip() else " (the eval grid at the last layer; type a glob for others)")
-                + f", {when} (<i>at step</i>; – where they share none)"
+                + f", {when}: each run's latest value by then (<i>as of step</i>; – where it had none)"
                 + ("; Δ = run minus the first run, green where it is better (a score higher, a loss or NC1 lower), "
                    "red where worse, plain where neither way is better" if deltas else "") + ".")
         if mixed:
@@ -740,7 +740,7 @@ class CompareMixin:
                      + "): their training losses are different quantities, so those rows do not say which run is better.")
         self.cmp_table.object = (f"<p>{note}</p><div style='max-height: {TABLE_HEIGHT}px; overflow-y: auto'>"
                                  + styler.to_html() + "</div>")
-        fig = compare_bars(df, [c for c in df.columns if c not in deltas and c != "at step"],
+        fig = compare_bars(df, [c for c in df.columns if c not in deltas and c != "as of step"],
                            caveat="(different methods: different losses)" if mixed else "")
         self.cmp_plot.height = fig.layout.height
         self.cmp_plot.object = fit(fig)

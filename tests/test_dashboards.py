@@ -493,6 +493,47 @@ def test_browser_shows_new_step_within_2s(tmp_path):
         print(f"new step shown {seen:.3f} s after the write")
 
 
+def test_browser_runs_grids_compare_and_hints_as_a_researcher_expects(tmp_path):
+    "The served app: a folder holding only a grid is no run; Compare sets two methods' runs at a step both have and says they train different methods; a grid written after the page opened appears; the Snapshots tab says what produces steerability and NC1; the curves have a smoothing control."
+    browser_or_skip()
+    runs = tmp_path / "runs"
+    for name, method, last in (("nb_mrl", "mrl", 8), ("cli_2dmse", "2dmse", 6)):
+        log = RunLog(runs / name, config={"dims": [2, 4, 8], "method": method})
+        for s in range(1, last + 1):
+            log.log(s, "loss", 1 / s)
+            if s % 4 == 0:
+                log.log(s, "stsb_dev/L2/d4/spearman", 60 + s, split="eval")
+        log.close()
+    write_grid(runs / "budget" / "grid.csv")                        # a retrieval grid alone, as the README's Budget command
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with serve(runs, port), chromium_page(1500, 1100) as page:
+        page.goto(f"http://127.0.0.1:{port}/dashboards", timeout=60_000)
+        page.locator(".ml-step").wait_for(timeout=60_000)
+        runs_menu = page.locator("select").first.locator("option").all_inner_texts()
+        assert runs_menu == ["cli_2dmse", "nb_mrl"], runs_menu             # budget/ is a grid, not a run
+        page.get_by_text("Smoothing (training curves)").first.wait_for(timeout=10_000)
+        page.get_by_text("Snapshots", exact=True).first.click()
+        page.get_by_text("Steerability curves come from a Fractal result").first.wait_for(timeout=10_000)
+        assert page.get_by_text("measured on a labelled probe by distillation runs").count() == 1
+        page.get_by_text("Compare", exact=True).first.click()
+        box = page.get_by_placeholder("the eval grid at the last layer")   # the metric pattern
+        box.fill("*")
+        box.press("Enter")
+        page.get_by_text("The runs train different methods").first.wait_for(timeout=20_000)   # train rows: the losses
+        assert page.get_by_text("as of the last step all the runs have reached").count() == 1
+        row = page.locator("tr:has-text('eval: stsb_dev/L2/d4/spearman')").first.inner_text().split("\t")
+        assert [c.strip() for c in row[1:]] == ["4", "64", "64", "0"], row        # as of step 4, not 8 against 4
+        page.screenshot(path=str(ARTIFACTS / "compare_aligned.png"), full_page=True)
+        write_grid(runs / "later" / "grid.csv")                     # written after the page opened
+        page.get_by_text("Grids", exact=True).first.click()
+        grid_menu = page.locator("select:has(option:text-is('budget/grid.csv')) >> visible=true").first   # the Grids tab's
+        deadline = time.time() + 15
+        while "later/grid.csv" not in grid_menu.locator("option").all_inner_texts() and time.time() < deadline:
+            time.sleep(0.5)
+        assert "later/grid.csv" in grid_menu.locator("option").all_inner_texts()
+
+
 def test_browser_survives_big_nan_empty_halfwritten_and_deleted_runs(tmp_path):
     "The page stays live through a 100k-line log, an all-NaN run, an empty run, a half-written line and a run deleted while open."
     browser_or_skip()
@@ -599,6 +640,43 @@ def test_notebook_shows_new_step_within_2s(tmp_path):
         time.sleep(1.2)
         page.screenshot(path=str(ARTIFACTS / "notebook.png"), full_page=True)
         print(f"new step shown in the notebook {seen:.3f} s after the write; dialogs accepted: {asked}")
+
+
+LATE_WRITER = """
+import sys, time
+from matryoshka_lab.runs import RunLog
+log = RunLog(sys.argv[1], config={"dims": [2, 4, 8], "eval_tasks": ["stsb_dev"]})
+log.log(1, "loss", 1.0)
+log.log_many(1, {"diag/erank/L2/d4": 3.0, "diag/cka_prefix/L2/d4": 0.5}, split="eval")   # a probe's diagnostics first
+time.sleep(float(sys.argv[2]))
+log.log(2, "stsb_dev/L2/d4/spearman", 61.0, split="eval")                              # then the task's metric
+log.close()
+"""
+
+
+def test_notebook_awaits_a_run_and_its_task_metric(tmp_path):
+    "show(root, name) in JupyterLab before the run exists: the page says it waits, opens the run once it starts, and the eval picker moves from the diagnostics to the task's metric when it is logged."
+    browser_or_skip()
+    runs = tmp_path / "runs"
+    (runs / "other").mkdir(parents=True)
+    RunLog(runs / "other", config={"dims": [2, 4, 8]}).close()
+    notebook_with(tmp_path, "late.ipynb", f"from matryoshka_lab.workbench import show\nshow({str(runs)!r}, 'late')")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page() as page:
+        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/late.ipynb?token=t")
+        page.get_by_text("waiting for run").first.wait_for(timeout=20_000)
+        writer = subprocess.Popen([sys.executable, "-c", LATE_WRITER, str(runs / "late"), "6"], cwd=ROOT)
+        chosen = lambda name: page.locator(".choices__list--multiple .choices__item", has_text=name)   # a picker's chosen
+        try:
+            wait_shown(page.locator(".ml-step"), "step 1", seconds=30)                    # opened once it started
+            chosen("diag/cka_prefix/L2/d4").first.wait_for(timeout=20_000)                # nothing better yet
+            chosen("stsb_dev/L2/d4/spearman").first.wait_for(timeout=30_000)              # the task's metric, when logged
+            wait_shown(page.locator(".ml-step"), "step 2", seconds=30)
+            page.screenshot(path=str(ARTIFACTS / "notebook_awaited.png"), full_page=True)
+        finally:
+            writer.wait(timeout=60)
+        assert chosen("diag/cka_prefix/L2/d4").count() == 0                # the diagnostics left the eval picker
 
 
 def saved_outputs(path: Path, seconds: float = 30) -> tuple[int, str]:
@@ -724,7 +802,7 @@ def test_browser_compares_a_method_of_your_own(tmp_path, tiny_model_dir, monkeyp
         head = page.locator("tr:has-text('Δ diagonal')").first.inner_text().split("\t")
         row = page.locator("tr:has-text('builtin_sts/L1/d8/spearman')").first.inner_text().split("\t")
         page.screenshot(path=str(ARTIFACTS / "compare_your_method.png"), full_page=False)
-    assert [h.strip() for h in head[1:]] == ["at step", "mrl", "2dmse", "diagonal", "Δ 2dmse", "Δ diagonal"], head
+    assert [h.strip() for h in head[1:]] == ["as of step", "mrl", "2dmse", "diagonal", "Δ 2dmse", "Δ diagonal"], head
     mrl, diagonal = grid["mrl"][(1, 8)], grid["diagonal"][(1, 8)]
     assert (row[1], row[2], row[4], row[6]) == ("2", f"{mrl:.4g}", f"{diagonal:.4g}", f"{diagonal - mrl:.4g}"), row   # the final evaluation, at step 2
 
@@ -783,7 +861,7 @@ def test_browser_follows_a_sentence_transformers_run(tmp_path, tiny_model_dir):
             while proc.poll() is None and len(seen) < 40 and time.time() < deadline:
                 text = shown(step)
                 titles = " ".join(page.locator(".gtitle").all_text_contents())      # the Snapshots tab's title has a step too
-                grid = re.findall(r"builtin_sts: spearman \(step (\d+)\)", titles)
+                grid = re.findall(r"evaluated at step (\d+)", titles)
                 if (m := re.search(r"step (\d+)", text)):
                     seen.append((int(m.group(1)), int(grid[-1]) if grid else None))
                 time.sleep(0.5)
@@ -794,10 +872,14 @@ def test_browser_follows_a_sentence_transformers_run(tmp_path, tiny_model_dir):
             assert steps[-1] > steps[0] > 0, seen                 # new steps appeared while it trained
             assert len(grids) >= 2, seen                          # and new grids (the trainer evaluates every 10 steps)
             compare_in_page(page, ("ours", "st"), "builtin_sts/L3/*")
+            step_box = page.get_by_role("textbox", name="As of step")   # ours ended at step 2,
+            step_box.fill("1000000")                                  # st evaluates from step 10: their final values
+            step_box.press("Enter")
+            page.get_by_text("as of step 1000000").first.wait_for(timeout=20_000)
             row = page.locator("tr:has-text('builtin_sts/L3/d8/spearman')").first.inner_text().split("\t")
             page.screenshot(path=str(ARTIFACTS / "compare_st_run.png"), full_page=False)
     finally:
         proc.kill()
         proc.wait(timeout=30)
     ours = pd.read_csv(runs / "ours" / "grid.csv").set_index(["layer", "dim"]).value[(3, 8)]
-    assert row[1] == f"{ours:.4g}" and row[2].strip() not in ("", "nan"), row
+    assert row[2] == f"{ours:.4g}" and row[3].strip() not in ("", "nan", "–"), row

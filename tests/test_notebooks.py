@@ -80,3 +80,17 @@ def test_outputs_compare_up_to_float_noise():
     assert not same_outputs([{"text": "loss 203.676"}], [{"text": "loss 203.676 nan"}])
     assert same_outputs(plotly(76.443154, 83.6), plotly(76.439097, 83.6))
     assert not same_outputs(plotly(76.443154, 83.6), plotly(76.3, 83.6))
+
+
+def test_the_tutorials_first_cells_run_again(tmp_path, monkeypatch):
+    "nbs/25_your_method.ipynb's first cells run a second time, as a reader re-runs them, and the check after them still runs in a kernel (in-process IPython): the first cell once deleted the kernel's working directory."
+    from IPython.core.interactiveshell import InteractiveShell
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    nb = json.loads((ROOT / "nbs" / "25_your_method.ipynb").read_text(encoding="utf-8"))
+    cells = {c["id"]: "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"}
+    shell = InteractiveShell.instance()
+    for cid in ("22c002", "22c003", "22c002", "22c003", "22c005"):
+        result = shell.run_cell(cells[cid])
+        assert result.success, (cid, result.error_before_exec or result.error_in_exec)
+    assert Path.cwd() == tmp_path and tmp_path.is_dir()
