@@ -74,33 +74,34 @@ def axis_title(names, fallback: str = "value", split: str = "train") -> str:
     return kinds.pop() + (" (x100)" if scores else "")
 
 def smooth(values, weight: float) -> np.ndarray:
-    "TensorBoard's smoothing of a curve: an exponential moving average with `weight` on the past, its start-up bias divided out; a NaN stays a gap and is skipped."
-    out, last, n = np.full(len(values), np.nan), 0.0, 0
-    for i, v in enumerate(np.asarray(values, dtype=np.float64)):
-        if np.isfinite(v):
-            last, n = weight * last + (1 - weight) * v, n + 1
-            out[i] = last / (1 - weight ** n)
-    return out
+    "TensorBoard's smoothing of a curve: an exponential moving average with `weight` on the past, its start-up bias divided out (sum of weight^i x_(n-i) over sum of weight^i: pandas' adjusted ewm); a NaN stays a gap and is skipped."
+    x = pd.Series(np.asarray(values, dtype=np.float64))
+    if weight <= 0:
+        return x.to_numpy()
+    return x.ewm(alpha=1 - weight, adjust=True, ignore_na=True).mean().where(x.notna()).to_numpy()
 
 def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0):
-    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps); smoothing > 0 draws each smoothed (smooth) over its raw points, faint."
+    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps); smoothing > 0 draws each smoothed (smooth) over the raw points of all of them, faint grey (one trace: a redraw costs one more trace, not one per curve)."
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
     if not groups:
         return empty_figure(f"{title}: nothing yet")
+    shown = [n for n in names if n in groups]
     fig = go.Figure()
-    for i, n in enumerate(n for n in names if n in groups):
-        g, colour = groups[n], qualitative.Plotly[i % len(qualitative.Plotly)]
-        mode = "lines+markers" if len(g) <= MARKERS_UP_TO else "lines"
-        if smoothing > 0:
-            fig.add_trace(go.Scatter(x=g.step, y=g.value, mode=mode, line_color=colour, opacity=0.25, showlegend=False,
-                                     hoverinfo="skip", legendgroup=n))
-        fig.add_trace(go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n, mode=mode,
-                                 line_color=colour, legendgroup=n))
+    if smoothing > 0:
+        gap = np.array([np.nan])                                               # NaN: a break between curves
+        xs = np.concatenate([a for n in shown for a in (groups[n].step.to_numpy(np.float64), gap)])
+        ys = np.concatenate([a for n in shown for a in (groups[n].value.to_numpy(np.float64), gap)])
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_color="rgba(110, 110, 110, 0.35)", showlegend=False,
+                                 hoverinfo="skip", name="raw"))
+    for n in shown:
+        g = groups[n]
+        fig.add_trace(go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n,
+                                 mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines"))
     return fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760,
                              xaxis_rangemode="nonnegative",                     # one point at step 0: no axis from -1
-                             legend=dict(orientation="h", yanchor="top", y=-0.25, x=0), margin=dict(b=40))
+                             legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),   # below: the plot keeps its width
+                             margin=dict(l=55, r=15, t=50, b=40))                        # (plotly's 80 px sides halve a notebook's)
 
 def default_train(names: list[str]) -> list[str]:
     "The loss, its unprefixed parts (not lr, grad_norm) and the deepest layer's per-prefix parts L{l}/d{d}/..., at most MAX_CURVES."
