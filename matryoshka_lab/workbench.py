@@ -862,10 +862,9 @@ def _polled() -> bool:
 
 @dataclass
 class Served:
-    "A workbench served from the notebook's own kernel: the Bokeh server, its address and the id the notebook extension stops it by."
+    "A workbench served from the notebook's own kernel: the Bokeh server and its address."
     server: object
     url: str
-    server_id: str
 
     def bundle(self) -> tuple[dict, dict]:
         "The cell output: a line that says what it is (all a notebook reopened without the kernel shows), and the script that loads the app from the server (Bokeh's server_document: a few KB)."
@@ -893,12 +892,11 @@ def _free_port() -> int:
 
 def serve_here(wb: Workbench, origins: list[str]) -> Served:
     "Serve wb's layout from this process's event loop on a free port of 127.0.0.1, to pages from `origins` (and its own address): every page shows the same live workbench."
-    import uuid
     from panel.io.server import get_server
-    server_id, port = uuid.uuid4().hex, _free_port()
+    port = _free_port()
     server = get_server(wb.layout, port=port, address="127.0.0.1", websocket_origin=[*origins, f"127.0.0.1:{port}"],
-                        start=True, show=False, title="matryoshka_lab workbench", server_id=server_id)
-    return Served(server, f"http://127.0.0.1:{port}", server_id)
+                        start=True, show=False, title="matryoshka_lab workbench")
+    return Served(server, f"http://127.0.0.1:{port}")
 
 def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_LAB_RUNS or ./runs
          run: str | None = None,            # the run to open first (awaited if it has not started yet)
