@@ -8,7 +8,9 @@ negatives), backward, an AdamW step (lr 0: the same work, the same weights), mod
 float32; each setup's loss is the one the trainer makes for it (recipe.make_loss: with mini-batches, InfoNCE row block
 by row block). The pairs are STS-B's train pairs (builtin_sts without the data), cycled when B is past their number:
 repeated texts change nothing in the work, so this is fine for timing. For each B, every round times one step of each
-setup in turn (the order rotates) after one warm-up step each; each figure is the median over rounds. Then a separate
+setup in turn (the order rotates) after one warm-up step each; each time is the median over rounds, each ratio the
+median of the round-by-round ratios (a round's steps are seconds apart, so the machine's drift over minutes cancels;
+at B = 1,024 a step takes about 20 s and the 2-core machine's speed drifts by 10%). Then a separate
 pass runs one step of each setup for its peak memory: on CUDA the allocator's peak over what was allocated before the
 step; on the CPU the C heap's peak in use over its use before (glibc's mallinfo2 read after every aten op: torch's CPU
 tensors live there), or without glibc the growth of the process's peak RSS. A setup out of memory at a B is recorded
@@ -25,8 +27,9 @@ by row block, at each of --loss-batch-sizes: what its [B, B] logits take. Setups
   st_cached   sentence-transformers MatryoshkaLoss(CachedMultipleNegativesRankingLoss(mini_batch_size)) over the same
               dims on the same texts
 The last line is one JSON object: batch_sizes, mini_batch_size, mini_batch_tokens, max_length, rounds, memory (what the
-peaks measure), seconds {setup: {B: median}}, peak_mib and peak_mib_full_length {setup: {B: MiB}}, loss_peak_mib
+peaks measure), seconds {setup: {B: median}}, round_seconds {setup: {B: [each round's]}}, peak_mib and peak_mib_full_length {setup: {B: MiB}}, loss_peak_mib
 {one_pass, by_rows: {B: MiB}}, cached_over_plain, cached_over_st_cached and cached_tokens_over_plain {B: time ratio},
+cached_over_st_cached_rounds {B: [each round's ratio]},
 and cached_memory_growth, cached_memory_growth_full_length and plain_memory_growth (peak at the largest B over peak at
 the smallest); --out also writes it, with the command, commit, date and machine, to FILE.
 """
@@ -232,6 +235,7 @@ def main():
             return None
 
     seconds = {s: {} for s in names}
+    round_seconds = {s: {} for s in names}
     peaks = {s: {} for s in names}
     full_peaks = {s: {} for s in names if s in CACHED}
     for size in sizes:
@@ -248,6 +252,7 @@ def main():
                     times.pop(s, None)
         for s in names:
             seconds[s][size] = round(statistics.median(times[s]), 4) if s in times else None
+            round_seconds[s][size] = [round(t, 4) for t in times[s]] if s in times else None
             peaks[s][size] = measure(steps[s]) if s in times else None
         full = steps_on(full_length_texts(pairs.sentence1, size, args.max_length),
                         full_length_texts(pairs.sentence2, size, args.max_length), list(full_peaks))
@@ -273,19 +278,27 @@ def main():
     for size in loss_sizes:
         print(f"loss alone at B={size}: one product {loss_peaks['one_pass'][size]} MiB, "
               f"{mini} rows at a time {loss_peaks['by_rows'][size]} MiB")
-    over_plain = {b: ratio(at(seconds, "cached", b), at(seconds, "plain", b)) for b in sizes}
-    over_st = {b: ratio(at(seconds, "cached", b), at(seconds, "st_cached", b)) for b in sizes}
-    tokens_over_plain = {b: ratio(at(seconds, "cached_tokens", b), at(seconds, "plain", b)) for b in sizes}
+    def paired(x, y, b):                                # x over y round by round (the machine's drift cancels)
+        xs, ys = at(round_seconds, x, b), at(round_seconds, y, b)
+        return [round(p / q, 3) for p, q in zip(xs, ys)] if xs and ys else None
+
+    def median_ratio(x, y):
+        return {b: round(statistics.median(r), 3) if (r := paired(x, y, b)) else None for b in sizes}
+    over_plain = median_ratio("cached", "plain")
+    over_st_rounds = {b: paired("cached", "st_cached", b) for b in sizes}
+    over_st = median_ratio("cached", "st_cached")
+    tokens_over_plain = median_ratio("cached_tokens", "plain")
     for b in sizes:
-        print(f"B={b}: cached/plain {over_plain[b]}x, cached/st_cached {over_st[b]}x, cached_tokens/plain "
+        print(f"B={b}: cached/plain {over_plain[b]}x, cached/st_cached {over_st[b]}x (rounds {over_st_rounds[b]}), cached_tokens/plain "
               f"{tokens_over_plain[b]}x, peak over B={sizes[0]}: "
               f"cached {ratio(at(peaks, 'cached', b), at(peaks, 'cached', sizes[0]))}x "
               f"(full length {ratio(at(full_peaks, 'cached', b), at(full_peaks, 'cached', sizes[0]))}x), "
               f"plain {ratio(at(peaks, 'plain', b), at(peaks, 'plain', sizes[0]))}x")
     result = {"batch_sizes": sizes, "mini_batch_size": mini, "mini_batch_tokens": tokens, "max_length": args.max_length,
               "rounds": args.rounds, "memory": memory_measure(device),
-              "seconds": seconds, "peak_mib": peaks, "peak_mib_full_length": full_peaks, "loss_peak_mib": loss_peaks,
+              "seconds": seconds, "round_seconds": round_seconds, "peak_mib": peaks, "peak_mib_full_length": full_peaks, "loss_peak_mib": loss_peaks,
               "cached_over_plain": over_plain, "cached_over_st_cached": over_st,
+              "cached_over_st_cached_rounds": over_st_rounds,
               "cached_tokens_over_plain": tokens_over_plain,
               "cached_memory_growth": ratio(at(peaks, "cached", sizes[-1]), at(peaks, "cached", sizes[0])),
               "cached_memory_growth_full_length": ratio(at(full_peaks, "cached", sizes[-1]), at(full_peaks, "cached", sizes[0])),

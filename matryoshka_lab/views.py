@@ -83,6 +83,11 @@ def set_rng_state(state: tuple, device: torch.device) -> None:
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
 
+def _push(out: EncoderOutput, leaves: list, index: torch.Tensor) -> None:
+    "Back-propagate a mini-batch's output (pooled, and token states) with its rows (`index`) of the leaves' gradients."
+    pairs = [(o, t.grad.index_select(1, index)) for o, t in zip((out.pooled, out.hidden), leaves) if t.grad is not None]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
 @dataclass
 class _Side:
     "One side of a cached batch: its inputs, its mini-batches' rows with the generator state each starts from, and the leaves the loss sees."
@@ -90,6 +95,7 @@ class _Side:
     cuts: list                  # each mini-batch's (row index, end of its last token)
     states: list                # the generator state each mini-batch's first pass started from
     out: EncoderOutput          # pooled (and token states) as leaves: the loss's gradient lands in their .grad
+    kept: EncoderOutput | None = None   # the last mini-batch's output with its graph, when its first pass kept it
 
 class CachedViews:
     "A batch's views for `method`'s loss encoded without a graph, mini-batch by mini-batch (GradCache, Gao et al. 2021, arXiv 2101.06983): `views` are leaves for the loss; after its backward, `backward()` re-encodes each mini-batch with a graph, dropout replayed, and pushes the leaves' gradients through it."
@@ -99,7 +105,9 @@ class CachedViews:
         self.device = encoder.device
         self.autocast = (torch.is_autocast_enabled(self.device.type), torch.get_autocast_dtype(self.device.type))
         sides = [a] if method.single_view else [a, b]
-        self.sides = [self._encode(_tensors(encoder, s, max_length)) for s in sides]
+        keep = torch.is_grad_enabled()            # training: the last side's last mini-batch keeps its graph
+        self.sides = [self._encode(_tensors(encoder, s, max_length), keep and k == len(sides) - 1)
+                      for k, s in enumerate(sides)]
         self.end_state = rng_state(self.device)   # where the generators stand after the pass without a graph
         views = [_as_method_takes(method, s.out, dist, blocks if k else 1) for k, s in enumerate(self.sides)]
         self.views = (views[0], views[0]) if method.single_view else tuple(views)
@@ -111,8 +119,8 @@ class CachedViews:
         return {k: v.index_select(0, index)[:, :end] if v.dim() == 2 and v.shape[1] == width else v.index_select(0, index)
                 for k, v in inputs.items()}
 
-    def _encode(self, inputs: dict) -> _Side:
-        "Pass one: every mini-batch of a side without a graph, each from the generator state it starts at (kept)."
+    def _encode(self, inputs: dict, keep: bool = False) -> _Side:
+        "Pass one: every mini-batch of a side without a graph, each from the generator state it starts at (kept); with `keep` the last one with its graph, which `backward()` then uses instead of encoding it again."
         mask = inputs["attention_mask"]
         positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
         ends = (mask * positions).amax(1).tolist() if not self.method.needs_tokens else [mask.shape[1]] * mask.shape[0]
@@ -120,31 +128,35 @@ class CachedViews:
         cuts = [(torch.tensor(rows, device=self.device), max(ends[i] for i in rows))
                 for rows in mini_batches(ends, self.size, self.tokens)]
         states, cache = [], {}
-        with torch.no_grad():
-            for index, end in cuts:
-                states.append(rng_state(self.device))
+        for k, (index, end) in enumerate(cuts):
+            states.append(rng_state(self.device))
+            with torch.set_grad_enabled(keep and k == len(cuts) - 1):
                 out = self.encoder(**self._part(inputs, index, end), tokens=self.method.needs_tokens)
-                for name in ("pooled", "hidden") if self.method.needs_tokens else ("pooled",):
-                    part = getattr(out, name)                        # each mini-batch's rows in place: one copy
-                    if name not in cache:
-                        cache[name] = part.new_empty(part.shape[0], len(ends), *part.shape[2:])
-                    cache[name].index_copy_(1, index, part)
+            for name in ("pooled", "hidden") if self.method.needs_tokens else ("pooled",):
+                part = getattr(out, name).detach()                  # each mini-batch's rows in place: one copy
+                if name not in cache:
+                    cache[name] = part.new_empty(part.shape[0], len(ends), *part.shape[2:])
+                cache[name].index_copy_(1, index, part)
         leaves = {name: t.requires_grad_() for name, t in cache.items()}
-        return _Side(inputs, cuts, states, EncoderOutput(layers=out.layers, attention_mask=mask, **leaves))
+        return _Side(inputs, cuts, states, EncoderOutput(layers=out.layers, attention_mask=mask, **leaves),
+                     out if keep else None)
 
     def backward(self) -> None:
-        "Pass two, after the loss's backward: each mini-batch encoded again with a graph, from the generator state its first pass drew from, and back-propagated with its rows of the leaves' gradients."
+        "Pass two, after the loss's backward: the kept mini-batch back-propagated first (its graph then freed), each other encoded again with a graph, from the generator state its first pass drew from, and back-propagated with its rows of the leaves' gradients."
         on, dtype = self.autocast
-        for side in self.sides:
+        for side in reversed(self.sides):                # the kept graph first: one graph alive at a time
+            kept, side.kept = side.kept, None
             leaves = [t for t in (side.out.pooled, side.out.hidden) if t is not None]
             if all(t.grad is None for t in leaves):      # a side the loss did not use
                 continue
-            for (index, end), state in zip(side.cuts, side.states):
+            cuts = side.cuts[:-1] if kept is not None else side.cuts
+            if kept is not None:
+                _push(kept, leaves, side.cuts[-1][0])
+                del kept
+            for (index, end), state in zip(cuts, side.states):
                 set_rng_state(state, self.device)
                 with torch.enable_grad(), torch.autocast(self.device.type, dtype=dtype, enabled=on):   # a backward hook runs without grad
                     out = self.encoder(**self._part(side.inputs, index, end), tokens=self.method.needs_tokens)
-                pairs = [(o, t.grad.index_select(1, index)) for o, t in zip((out.pooled, out.hidden), leaves)
-                         if t.grad is not None]
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                _push(out, leaves, index)
         set_rng_state(self.end_state, self.device)
 

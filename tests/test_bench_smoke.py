@@ -94,3 +94,7 @@ def test_grad_cache_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path)
     assert all(set(per_size) == {"4", "8"} for per_size in result["peak_mib_full_length"].values())
     assert result["loss_peak_mib"]["one_pass"]["512"] > result["loss_peak_mib"]["by_rows"]["512"]   # [512, 512] logits against [2, 512]
     assert all(r > 0 for r in result["cached_over_plain"].values())
+    for b in ("4", "8"):                                # one ratio per round, their median the one reported
+        ours, theirs = result["round_seconds"]["cached"][b], result["round_seconds"]["st_cached"][b]
+        assert result["cached_over_st_cached_rounds"][b] == [round(x / y, 3) for x, y in zip(ours, theirs)]
+        assert result["cached_over_st_cached"][b] == result["cached_over_st_cached_rounds"][b][0]   # one round

@@ -160,7 +160,7 @@ def test_backward_reenters_the_autocast_the_views_were_made_in(tokenizer):
         loss_of(*cache.views).backward()
     seen.clear()
     cache.backward()
-    assert seen == [torch.bfloat16] * 6, seen
+    assert seen == [torch.bfloat16] * 5, seen          # 2 sides x 3 mini-batches, less the last one, kept from pass one
     cached = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
     encoder.zero_grad(set_to_none=True)
     torch.manual_seed(0)
