@@ -591,8 +591,8 @@ def notebook_with(folder: Path, name: str, source: str) -> Path:
     return folder / name
 
 
-def run_first_cell(page, url: str, shows: str = ".ml-step") -> list:
-    "Open the notebook at url in JupyterLab and run its first cell (accepting the dialogs a user would) until one more `shows` is on the page (other notebooks' tabs may hold some); the dialogs' titles."
+def run_first_cell(page, url: str, shows: str = ".ml-step", cell: int = 0) -> list:
+    "Open the notebook at url in JupyterLab and run its first cell (or its cell number `cell`), accepting the dialogs a user would, until one more `shows` is on the page (other notebooks' tabs may hold some); the dialogs' titles."
     errors, asked = [], []
     page.on("pageerror", lambda e: errors.append(str(e)[:300]))
     page.goto(url, timeout=120_000)
@@ -608,7 +608,7 @@ def run_first_cell(page, url: str, shows: str = ".ml-step") -> list:
         return found.count() > before
 
     for attempt in range(4):                                 # a key press before the notebook is ready is lost
-        page.locator(".jp-Notebook .jp-Cell >> visible=true").first.click(timeout=120_000)   # (other tabs: hidden)
+        page.locator(".jp-Notebook .jp-Cell >> visible=true").nth(cell).click(timeout=120_000)   # (other tabs: hidden)
         page.keyboard.press("Shift+Enter")                   # runs once the kernel is up
         for _ in range(3):                                   # a dialog may come first; accepting it runs the cell
             if wait(40) or not dialogs.count():
@@ -720,6 +720,33 @@ def test_saved_notebook_stays_small_and_says_it_needs_a_kernel(tmp_path):
     print(f"saved notebook after show(): {sizes['served.ipynb'] / 1e3:.1f} KB served from the kernel, "
           f"{sizes['inline.ipynb'] / 1e6:.1f} MB with Panel's inline output")
     assert sizes["served.ipynb"] < 500_000 < sizes["inline.ipynb"]
+
+
+def test_the_tutorials_first_cells_run_again_in_jupyterlab(tmp_path):
+    "nbs/25_your_method.ipynb in JupyterLab with a kernel: its first code cells run, run again as a reader re-runs them, and the check after them prints the loss's pairs (the first cell once deleted the kernel's working directory: every later cell failed with FileNotFoundError)."
+    browser_or_skip()
+    nb = json.loads((ROOT / "nbs" / "25_your_method.ipynb").read_text(encoding="utf-8"))
+    for c in nb["cells"]:                                                       # as a reader's own copy: no outputs
+        if c["cell_type"] == "code":
+            c.update(outputs=[], execution_count=None)
+    (tmp_path / "your_method.ipynb").write_text(json.dumps(nb))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page() as page:
+        outputs = page.locator(".jp-OutputArea-output")
+        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/your_method.ipynb?token=t",
+                       shows=".jp-InputPrompt >> text=[1]", cell=2)            # the first code cell: no output
+        page.keyboard.press("Shift+Enter")                                      # %%writefile my_methods/diagonal.py
+        outputs.filter(has_text="Writing my_methods").first.wait_for(timeout=60_000)
+        page.locator(".jp-Notebook .jp-Cell").nth(2).click()                    # both again, then the check
+        for _ in range(4):                                                      # (its markdown cell between)
+            page.keyboard.press("Shift+Enter")
+        outputs.filter(has_text="Overwriting my_methods").first.wait_for(timeout=60_000)
+        outputs.filter(has_text="((6, 384), (5, 64), (4, 16))").first.wait_for(timeout=120_000)
+        page.screenshot(path=str(ARTIFACTS / "tutorial_rerun.png"), full_page=True)
+        errors = outputs.filter(has_text="Error").all_inner_texts()
+    assert not errors, errors[0][:2000]
+    assert (tmp_path / "your_method.ipynb").is_file()                           # the kernel's folder is still there
 
 
 RESULT_NOTEBOOK = "studies/06_report.ipynb"     # committed with its outputs (experiments/notebooks.py)
