@@ -87,21 +87,21 @@ def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, s
     if not groups:
         return empty_figure(f"{title}: nothing yet")
     shown = [n for n in names if n in groups]
-    fig = go.Figure()
+    traces = []
     if smoothing > 0:
         gap = np.array([np.nan])                                               # NaN: a break between curves
         xs = np.concatenate([a for n in shown for a in (groups[n].step.to_numpy(np.float64), gap)])
         ys = np.concatenate([a for n in shown for a in (groups[n].value.to_numpy(np.float64), gap)])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_color="rgba(110, 110, 110, 0.35)", showlegend=False,
+        traces.append(go.Scatter(x=xs, y=ys, mode="lines", line_color="rgba(110, 110, 110, 0.35)", showlegend=False,
                                  hoverinfo="skip", name="raw"))
-    for n in shown:
-        g = groups[n]
-        fig.add_trace(go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n,
-                                 mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines"))
-    return fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760,
-                             xaxis_rangemode="nonnegative",                     # one point at step 0: no axis from -1
-                             legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),   # below: the plot keeps its width
-                             margin=dict(l=55, r=15, t=50, b=40))                        # (plotly's 80 px sides halve a notebook's)
+    traces += [go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n,
+                          mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines")
+               for n in shown for g in [groups[n]]]
+    return go.Figure(data=traces,                                              # one layout: update_layout is slow
+                     layout=dict(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760,
+                                 xaxis_rangemode="nonnegative",                 # one point at step 0: no axis from -1
+                                 legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),   # below: keeps its width
+                                 margin=dict(l=55, r=15, t=50, b=40)))         # (plotly's 80 px sides halve a notebook's)
 
 def default_train(names: list[str]) -> list[str]:
     "The loss, its unprefixed parts (not lr, grad_norm) and the deepest layer's per-prefix parts L{l}/d{d}/..., at most MAX_CURVES."
@@ -403,6 +403,7 @@ class MonitorMixin:
     def _init_monitor(self) -> None:
         "The pickers, the smoothing slider and the figures, and what a change of each triggers."
         self._plotted, self._dirty = 0.0, False    # when the curves were last drawn; whether records came since
+        self._drawn = {}                           # figure -> what it was drawn from (redraw skips what did not change)
         self._auto, self._setting = {"train": True, "eval": True}, False   # pickers on their defaults; set by code
         self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=SIDEBAR)
         self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=SIDEBAR)
@@ -432,8 +433,8 @@ class MonitorMixin:
             self._setting = False
 
     def reset_choices(self) -> None:
-        "Empty pickers on their defaults again (a run was opened)."
-        self._auto = {"train": True, "eval": True}
+        "Empty pickers on their defaults again, every figure due to be drawn (a run was opened)."
+        self._auto, self._drawn = {"train": True, "eval": True}, {}
         for widget in (self.train_choice, self.eval_choice):
             self._set(widget, [], [])
 
@@ -464,20 +465,39 @@ class MonitorMixin:
             if names != list(widget.options):
                 self._set(widget, names, default(names) if self._auto[which] else None)
 
+    def _stamp(self, train: bool, names=None) -> tuple | None:
+        "Where the open run's training (or other) series of `names` (None: all) stand: a new or replaced point, or the file read again from its start, changes it."
+        t = self.tail
+        if t is None:
+            return None
+        return t.restarts, tuple((s.received, s.last) for (split, n), s in t.series.items()
+                                 if (split == "train") == train and (names is None or n in names))
+
+    def _draw(self, pane, key, make) -> bool:
+        "Show fit(make()) in pane unless it shows what it was drawn from under the same `key`; whether it drew."
+        if self._drawn.get(id(pane), ()) == key:
+            return False
+        pane.object, self._drawn[id(pane)] = fit(make()), key
+        return True
+
     def redraw(self) -> None:
-        "Draw the chosen training curves (smoothed) and eval metrics."
+        "Draw the chosen training curves (smoothed), eval metrics and layer x dim grid, each only if what it shows changed since it was drawn."
         self._dirty, self._plotted = False, time.monotonic()
         if self.tail is None:
-            self.train_plot.object = fit(empty_figure("no run selected"))
-            self.eval_plot.object = fit(empty_figure(""))
+            self._draw(self.train_plot, None, lambda: empty_figure("no run selected"))
+            self._draw(self.eval_plot, None, lambda: empty_figure(""))
         else:
-            df = self.tail.frame(set(self.train_choice.value) | set(self.eval_choice.value))
-            train, evals = list(self.train_choice.value), list(self.eval_choice.value)
-            self.train_plot.object = fit(lines_figure(df[df.split == "train"], train, "training loss and parts",
-                                                      axis_title(train), smoothing=self.smoothing.value))
-            self.eval_plot.object = fit(lines_figure(df[df.split != "train"], evals, "eval metrics",
-                                                     axis_title(evals, split="eval")))
-        self.refresh_grid(follow=False)
+            train, evals, weight = list(self.train_choice.value), list(self.eval_choice.value), self.smoothing.value
+            self._draw(self.train_plot, (train, weight, self._stamp(True, set(train))),
+                       lambda: lines_figure(self.tail.frame(set(train)).query("split == 'train'"), train,
+                                            "training loss and parts", axis_title(train), smoothing=weight))
+            self._draw(self.eval_plot, (evals, self._stamp(False, set(evals))),
+                       lambda: lines_figure(self.tail.frame(set(evals)).query("split != 'train'"), evals,
+                                            "eval metrics", axis_title(evals, split="eval")))
+        grids = ("grid", self._stamp(False))
+        if self._drawn.get("grid", ()) != grids:          # its records are every evaluation's
+            self._drawn["grid"] = grids
+            self.refresh_grid(follow=False)
 
 # %% ../nbs/24_workbench.ipynb #20c022b
 class EvalGridMixin:
