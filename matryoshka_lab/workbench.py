@@ -826,6 +826,14 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
     def __panel__(self):                                        # pn.Row(workbench) and friends
         return self.layout
 
+    def stop(self) -> None:
+        "Stop what show() started for it: the periodic tick and the server (a page still open says it lost the connection)."
+        if self.callback is not None:
+            self.callback.stop()
+            self.callback = None
+        if self.served is not None:
+            self.served.server.stop()
+
     def _layout(self) -> pn.Column:
         "The header (title, run picker, step pane, status) over the five tabs: controls on the left, figures in the rest."
         title = pn.pane.Markdown(f"# matryoshka_lab workbench\nRuns root: `{self.root}` (set ${RUNS_ENV})")
@@ -918,11 +926,25 @@ def serve_here(wb: Workbench, origins: list[str]) -> Served:
                         start=True, show=False, title="matryoshka_lab workbench")
     return Served(server, f"http://127.0.0.1:{port}")
 
+_SHOWN: dict = {}      # what show() started in this kernel, by the cell that ran it (_cell_key)
+
+def _cell_key(root, run) -> tuple:
+    "The notebook cell running now (JupyterLab and Notebook 7 send its id with the code), else show()'s arguments: a cell run again replaces what it showed."
+    try:
+        from IPython import get_ipython
+        cell = get_ipython().kernel.get_parent()["metadata"].get("cellId")
+    except Exception:               # no kernel (plain Python, nbdev_test), or a front end that sends no cell id
+        cell = None
+    return ("cell", cell) if cell else ("args", str(Path(root or runs_root()).resolve()), run)
+
 def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_LAB_RUNS or ./runs
          run: str | None = None,            # the run to open first (awaited if it has not started yet)
          period_ms: int = PERIOD_MS,
          served: bool = True) -> Workbench:   # False: Panel's inline output, its JavaScript in the notebook (~16 MB)
-    "The workbench in a notebook, its tick() called every period_ms while a kernel runs it (no-op elsewhere): served from the kernel to the local Jupyter server's pages (serve_here), the notebook keeping a few KB; inline, with the JavaScript embedded, when served=False or no Jupyter server is found (another notebook front end)."
+    "The workbench in a notebook, its tick() called every period_ms while a kernel runs it (no-op elsewhere): served from the kernel to the local Jupyter server's pages (serve_here), the notebook keeping a few KB; inline, with the JavaScript embedded, when served=False or no Jupyter server is found (another notebook front end). The cell run again stops the workbench it showed before."
+    key = _cell_key(root, run)
+    if key in _SHOWN:
+        _SHOWN.pop(key).stop()
     wb = build_app(root, run)
     if _polled():
         if pn.state.curdoc is None or pn.state.curdoc.session_context is None:
@@ -932,4 +954,5 @@ def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_
             else:
                 pn.extension("plotly", inline=True)
         wb.callback = pn.state.add_periodic_callback(wb.tick, period=period_ms)
+        _SHOWN[key] = wb
     return wb

@@ -679,6 +679,38 @@ def test_notebook_awaits_a_run_and_its_task_metric(tmp_path):
         assert chosen("diag/cka_prefix/L2/d4").count() == 0                # the diagnostics left the eval picker
 
 
+def answers(url: str) -> bool:
+    "Whether a server answers at url."
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+        return True
+    except OSError:                                          # refused (URLError), reset, timed out
+        return False
+
+
+def test_notebook_cell_run_again_stops_the_workbench_it_showed(tmp_path):
+    "show() in a JupyterLab cell run twice: the first run's server no longer answers and the second's does (one server and one poll per cell, however often it runs)."
+    browser_or_skip()
+    runs = tmp_path / "runs"
+    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    notebook_with(tmp_path, "again.ipynb", f"from matryoshka_lab.workbench import show\nshow({str(runs)!r}, 'live')")
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page() as page:
+        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/again.ipynb?token=t")
+        link = page.locator(".ml-served a")
+        first = link.first.get_attribute("href")
+        wait_shown(page.locator(".ml-step").last, "step 5")
+        page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor >> visible=true").first.click()   # its code, not the app
+        page.keyboard.press("Control+Enter")                  # the same cell again
+        deadline = time.time() + 60
+        while time.time() < deadline and (not link.count() or link.first.get_attribute("href") == first):
+            time.sleep(0.25)
+        second = link.first.get_attribute("href")
+        wait_shown(page.locator(".ml-step").last, "step 5")
+        assert second != first and answers(second), (first, second)
+        assert not answers(first), f"the first run's server at {first} still answers"
+
+
 def saved_outputs(path: Path, seconds: float = 30) -> tuple[int, str]:
     "(size in bytes, outputs' text) of the notebook at path once JupyterLab saved it with its outputs."
     deadline = time.time() + seconds
