@@ -62,7 +62,7 @@ class EvalCallback(Callback):
             return
         from matryoshka_lab.eval import evaluate
         cfg = trainer.config
-        shown = trainer.bar is not None and not trainer.bar.disable
+        shown = trainer.progress    # (not the bar's disable flag: tqdm sets it on close, before the final evaluation)
         if shown:                   # a training bar standing still for minutes would read as a hang
             tqdm.write(f"step {trainer.step}: evaluating {', '.join(cfg.eval_tasks)} (layers {cfg.eval_layers}, "
                        f"dims {cfg.eval_dims or ','.join(map(str, cfg.dims))})", file=sys.stderr)

@@ -247,6 +247,16 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tiny_encoder
     assert sorted(losses(tmp_path).index) == [1, 2]
 
 
+def test_the_final_evaluation_says_what_it_does(tiny_encoder, tmp_path, capsys):
+    "With progress on, the evaluation after the last step (eval_every 0) prints what it evaluates and its progress, as the ones during training do: it once printed nothing for minutes."
+    cfg = make_config({"run_dir": str(tmp_path), "max_steps": 2, "batch_size": 4, "dims": [8, 32], "eval_every": 0,
+                       "checkpoint_every": 0, "eval_tasks": ["builtin_sts"]})
+    Trainer(cfg, encoder=tiny_encoder("bert"), data=TrainData([f"sentence number {i}" for i in range(40)])).fit()
+    err = capsys.readouterr().err
+    assert "step 2: evaluating builtin_sts" in err, err[-2000:]
+    assert err.index("step 2: evaluating") > err.rindex("train mrl")          # after the training bar closed
+
+
 def test_resume_refuses_a_different_config(tiny_encoder, tmp_path):
     data = TrainData([f"sentence number {i}" for i in range(40)])
     base = {"run_dir": str(tmp_path), "max_steps": 2, "batch_size": 4, "dims": [8, 32], "eval_every": -1}
