@@ -17,8 +17,8 @@ from pathlib import Path
 from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
-__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'check_out_file',
-           'parse_columns', 'main']
+__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'loss_summary',
+           'check_out_file', 'parse_columns', 'main']
 
 # %% ../nbs/21_cli.ipynb #05c006
 DEMO_TASKS = ["stsb", "sickr", "clinc150"]
@@ -173,6 +173,15 @@ def _print_fractal(res: dict, out=sys.stdout) -> None:
         print(f"  v5 - mrl: mean {_num(t['mean_diff'])}, paired t({t['df']}) = {_num(t['t'], '.2f')}, p = {_num(t['p'], '.4f')}, "
               f"d = {_num(t['d'], '.2f')}", file=out)
 
+def loss_summary(loss: pd.DataFrame, window: int = 10) -> str:
+    "The training loss (records with step and value, in step order) as its mean over the first and the last `window` logged steps (half of them each when fewer): one batch's loss is noise."
+    w = max(1, min(window, len(loss) // 2))
+    head, tail = loss.iloc[:w], loss.iloc[-w:]
+    span = lambda part: f"step {part.step.iloc[0]}" if len(part) == 1 else f"steps {part.step.iloc[0]}-{part.step.iloc[-1]}"
+    if len(loss) == 1:
+        return f"loss: {loss.value.iloc[0]:.4f} ({span(loss)})"
+    return f"loss: mean {head.value.mean():.4f} over {span(head)}, {tail.value.mean():.4f} over {span(tail)}"
+
 def check_out_file(path: str | Path, option: str = "--out") -> Path:
     "path as a file to write once the work is done: refused now (ValueError) if it is a folder or its folder cannot be written."
     out = Path(path)
@@ -306,7 +315,7 @@ def _train(args) -> int:
     run = read_run(cfg.run_dir)
     loss = run.metrics[(run.metrics.split == "train") & (run.metrics.name == "loss")]
     if len(loss):
-        print(f"loss: first {loss.value.iloc[0]:.4f}, last {loss.value.iloc[-1]:.4f} (step {int(loss.step.iloc[-1])})")
+        print(loss_summary(loss))
     grid = Path(cfg.run_dir) / "grid.csv"
     if grid.is_file():
         import pandas as pd
