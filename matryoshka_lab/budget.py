@@ -98,6 +98,6 @@ def plot_frontier(grid: pd.DataFrame, task: str, tolerances=(0.01, 0.05), metric
         a = advise(grid, task, t, metric).iloc[0]
         fig.add_scatter(x=span, y=[ref * (1 - t)] * 2, mode="lines", showlegend=False, line=dict(color=colour, dash="dash", width=1))
         fig.add_scatter(x=[a.bytes_per_vector], y=[a.score], mode="markers", marker=dict(symbol="circle-open", size=14, color=colour),
-                        name=f"{t:.0%}: layer {a.layer}, dim {a.dim}, {a.precision}, {a.bytes_per_vector} B")
+                        name=f"{t * 100:g}%: layer {a.layer}, dim {a.dim}, {a.precision}, {a.bytes_per_vector} B")
     return fig.update_layout(title=f"{task}: quality per byte", xaxis_title="bytes a vector (log)", yaxis_title=metric or RETRIEVAL_METRIC,
                              xaxis_type="log", height=420, width=760)

@@ -211,6 +211,12 @@ class GridPicker:
             return None
         return path, st.st_mtime_ns, st.st_size
 
+    def prefer(self, run: str | None) -> None:
+        "Choose the grid of run `run` when it has one (the workbench opened a run: its grid comes first)."
+        name = f"{run}/grid.csv"
+        if run and name in self.grids and self.select.value != name:
+            self.select.value = name                           # fires load
+
     def load(self) -> None:
         "Read the chosen grid (an empty table when there is none) and hand it to on_load."
         self._loaded = self._stamp()
@@ -265,7 +271,7 @@ class BudgetBrowser:
         self.df = pd.DataFrame(columns=COLUMNS)
         self.task = pn.widgets.Select(label="Retrieval task", width=SIDEBAR)
         self.tolerance = pn.widgets.FloatSlider(label="Tolerance (share of the full model's nDCG@10)", start=0.0, end=0.2,
-                                                step=0.005, value=0.01, width=SIDEBAR)
+                                                step=0.005, value=0.01, format="0.0%", width=SIDEBAR)   # 0.015: "1.5%"
         self.body = pn.Column(sizing_mode="stretch_width")
         self.picker = GridPicker(root, self.load)
         self.task.param.watch(lambda e: self.draw(), "value")
@@ -367,6 +373,8 @@ class RunPickerMixin:
                 self.config = _read_config(self.run_dir, self.root)
                 self.data_names = _data_names(self.run_dir, self.root)   # your own files' task names, by path
                 self.status.object = ""
+        for view in self.grid_views:                   # the run's own grid in Grids and Budget
+            view.picker.prefer(name)
         self.reset_choices()
         self.poll()
         self.redraw()
