@@ -22,8 +22,8 @@ from .encoder import Encoder
 from .plots import grid_table, headline
 
 # %% auto #0
-__all__ = ['save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'export_model',
-           'model_card']
+__all__ = ['save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'normalizes',
+           'export_model', 'model_card']
 
 # %% ../nbs/11_checkpoint.ipynb #08c014
 def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> dict:
@@ -131,9 +131,25 @@ def resume_checkpoint(run_dir: str | Path, main: bool = True) -> Path | None:
     return None
 
 # %% ../nbs/11_checkpoint.ipynb #08c016
+def normalizes(encoder: Encoder) -> bool:
+    "Whether the sentence-transformers folder the encoder's model was loaded from ends in a Normalize module (all-MiniLM-L6-v2's does): its exports keep it, so they encode as its base did."
+    source = str(getattr(encoder.model.config, "_name_or_path", "") or "")
+    path = Path(source) / "modules.json"
+    if source and not path.is_file():                   # a hub name: its cached copy, when there is one
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            cached = try_to_load_from_cache(source, "modules.json")
+            path = Path(cached) if isinstance(cached, str) else path
+        except Exception:
+            pass
+    try:
+        return any(str(m.get("type", "")).endswith("models.Normalize") for m in json.loads(path.read_text()))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+
 def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None, dims=None, layers=None,
                  card: str | None = None) -> Path:
-    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder; `dims` / `layers`: the prefixes / hidden states trained as embeddings (config.json), `card`: its README.md."
+    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder (Transformer, Pooling, and Normalize when its base had it: `normalizes`); `dims` / `layers`: the prefixes / hidden states trained as embeddings (config.json), `card`: its README.md."
     enc = encoder.truncated(n_layers) if n_layers is not None else encoder
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -158,9 +174,12 @@ def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None
                                                                 "pooling_mode_max_tokens": False,
                                                                 "pooling_mode_mean_sqrt_len_tokens": False, **modes}, indent=1))
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": enc.max_length, "do_lower_case": False}))
-    (path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}], indent=1))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalizes(encoder):                             # (checked on encoder: a truncated copy is loaded from no folder)
+        (path / "2_Normalize").mkdir(exist_ok=True)
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules, indent=1))
     return path
 
 # %% ../nbs/11_checkpoint.ipynb #08c016b
@@ -182,7 +201,10 @@ def model_card(config: dict, dims=None, layers=None, grid: pd.DataFrame | None =
         out += [f"- **Prefixes** trained as embeddings: {', '.join(map(str, sorted(dims)))} dims (`matryoshka_dimensions` in "
                 "config.json). Keep the first d features and compare them by cosine; sentence-transformers cuts with `truncate_dim`:", "",
                 "```python", "from sentence_transformers import SentenceTransformer",
-                f"model = SentenceTransformer(\"path/to/this/folder\", truncate_dim={sorted(dims)[0]})", "```", ""]
+                f"model = SentenceTransformer(\"path/to/this/folder\", truncate_dim={sorted(dims)[0]})", "```", "",
+                "  `truncate_dim` cuts the final vector: where this folder ends in `Normalize` (modules.json), full vectors "
+                "are unit length and their prefixes are not, so compare prefixes by cosine (or pass "
+                "`normalize_embeddings=True` to `encode`) before ranking by inner product.", ""]
     else:
         out += [f"- Method `{c.get('method')}` trains no prefix as an embedding of its own: shorter prefixes are as good as "
                 "the table below says, no better.", ""]
