@@ -24,7 +24,7 @@ __all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_
            'MTEB_PUBLISHED', 'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
            'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'int8_codes',
            'binary_codes', 'retrieval_grid', 'retrieval_metrics', 'parse_precisions', 'main_metric', 'task_texts',
-           'score_task', 'check_task_names', 'evaluate']
+           'score_task', 'check_task_names', 'scored_cells', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -255,8 +255,8 @@ def _ranking(q: torch.Tensor, codes: _Codes, depth: int, rescore: int) -> torch.
     return short.gather(1, torch.sort(exact, dim=1, descending=True, stable=True).indices[:, :depth])
 
 def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: list[int], precision: str = "float32",
-                   rescore: int = 0, chunk: int = 1024) -> dict[str, np.ndarray]:
-    "RETRIEVAL_METRICS (x100, means over queries) of prefix search at `precision`, queries [L, Q, D] against corpus [L, N, D] -> {metric: [L, K]}; rescore: see _ranking."
+                   rescore: int = 0, chunk: int = 1024, progress=None) -> dict[str, np.ndarray]:
+    "RETRIEVAL_METRICS (x100, means over queries) of prefix search at `precision`, queries [L, Q, D] against corpus [L, N, D] -> {metric: [L, K]}; rescore: see _ranking; progress: a bar updated once a (layer, dim) cell."
     L, Q, N = queries.shape[0], queries.shape[1], corpus.shape[1]
     if len(qrels) != Q:
         raise ValueError(f"qrels has {len(qrels)} queries, the query embeddings {Q}")
@@ -273,6 +273,8 @@ def retrieval_grid(queries: torch.Tensor, corpus: torch.Tensor, qrels, dims: lis
                 sums = judged.sums(_ranking(prefix_normalize(queries[li, rows], d), codes, depth, rescore), rows)
                 for m, v in sums.items():
                     out[m][li, k] += v
+            if progress is not None:
+                progress.update(1)
     return {m: 100.0 * v / Q for m, v in out.items()}
 
 def retrieval_metrics(ranked, qrels) -> dict[str, float]:
@@ -323,7 +325,7 @@ def task_texts(task: Task) -> list[str]:
 # %% ../nbs/04_eval.ipynb #03c023
 def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "mteb", progress=None,
                precisions=("float32",)) -> dict[str, np.ndarray]:
-    "Scores {metric: [L, K]} of a task from emb [L, len(task_texts(task)), D] (the embeddings of `task_texts(task)`); a retrieval task at each of `precisions` (metric/precision beyond float32)."
+    "Scores {metric: [L, K]} of a task from emb [L, len(task_texts(task)), D] (the embeddings of `task_texts(task)`); a retrieval task at each of `precisions` (metric/precision beyond float32); progress: a bar updated once per classifier fit or retrieval cell (scored_cells)."
     t = task.test
     if isinstance(t, (STSData, PairData)):
         n = len(t)
@@ -333,7 +335,7 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
         q, c, out = emb[:, :len(t.queries)], emb[:, len(t.queries):], {}
         for p in parse_precisions(precisions):
             precision, rescore = p.removesuffix("+rescore"), RESCORE if p.endswith("+rescore") else 0
-            grid = retrieval_grid(q, c, t.qrels, dims, precision=precision, rescore=rescore)
+            grid = retrieval_grid(q, c, t.qrels, dims, precision=precision, rescore=rescore, progress=progress)
             out.update({m if p == "float32" else f"{m}/{p}": v for m, v in grid.items()})
         return out
     ntr = len(task.train)
@@ -352,6 +354,12 @@ def check_task_names(tasks: list) -> None:
     if clash:
         raise ValueError(f"tasks from different sources share the name {clash[0]!r} ({', '.join(sorted(sources[clash[0]]))}): "
                          "results are kept by task name; rename a file")
+
+def scored_cells(task: Task, cells: int, precisions) -> int:
+    "How many times score_task updates its progress bar for `task` over `cells` (layer, dim) cells: each classifier fit, each retrieval search (per precision); the rest is quick."
+    if task.kind == "classification":
+        return cells
+    return cells * len(precisions) if isinstance(task.test, RetrievalData) else 0
 
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
              max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
@@ -373,8 +381,8 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     t0 = time.perf_counter()
     emb = encoder.encode(list(index), batch_size=batch_size, max_length=max_length, layers=layer_ids, progress=progress)
     t_encode = time.perf_counter() - t0
-    n_fits = sum(len(layer_ids) * len(dims) for t in loaded if t.kind == "classification")
-    bar = tqdm(total=n_fits, desc="classifiers", disable=not progress or n_fits == 0)
+    n_cells = sum(scored_cells(t, len(layer_ids) * len(dims), precisions) for t in loaded)
+    bar = tqdm(total=n_cells, desc="scoring", unit="cell", disable=not progress or n_cells == 0)
     rows = []
     for t, pos in zip(loaded, positions):
         for metric, grid in score_task(t, emb[:, pos], dims, protocol, progress=bar, precisions=precisions).items():
