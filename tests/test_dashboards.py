@@ -62,6 +62,12 @@ def write_run(path, steps=range(1, 6), nan_at=3, snapshots=True, config=None):
 BIG_NAMES = [f"L{l}/d{d}/info_nce" for l in (2, 4, 6) for d in (16, 32, 64, 128)] + ["loss"]
 
 
+def live_runs(folder: Path) -> Path:
+    "folder/runs holding the run `live` of write_run (dims 2, 4, 8): the runs root the browser tests open."
+    write_run(folder / "runs" / "live", config={"dims": [2, 4, 8]})
+    return folder / "runs"
+
+
 def write_big_log(path, n, null_every=997):
     "n training records cycling over BIG_NAMES (13 metrics a step), every null_every-th value null (NaN)."
     with open(path, "w") as f:
@@ -450,8 +456,7 @@ def seconds_to_show(step, run_dir, n) -> float:
 def test_browser_shows_new_step_within_2s(tmp_path):
     "Headless Chromium has the page open; another process writes a step; the page shows it within 2 seconds."
     browser_or_skip()
-    runs = tmp_path / "runs"
-    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    runs = live_runs(tmp_path)
     with open(runs / "live" / "metrics.jsonl", "a") as f:          # diagnostics' scalars, as a real run logs them
         for s, kind, l, d in itertools.product(range(1, 6), ("erank", "cv", "cka_prefix", "uniformity"), range(7), (2, 4, 8)):
             f.write(json.dumps({"step": s, "time": s, "split": "eval", "name": f"diag/{kind}/L{l}/d{d}", "value": l * d}) + "\n")
@@ -627,8 +632,7 @@ def run_first_cell(page, url: str, shows: str = ".ml-step", cell: int = 0) -> li
 def test_notebook_shows_new_step_within_2s(tmp_path):
     "JupyterLab in headless Chromium runs show() in a notebook (no internet needed); a step written by another process shows within 2 s."
     browser_or_skip()
-    runs = tmp_path / "runs"
-    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    runs = live_runs(tmp_path)
     notebook_with(tmp_path, "workbench.ipynb", NOTEBOOK["cells"][0]["source"].format(root=str(runs)))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -691,8 +695,7 @@ def answers(url: str) -> bool:
 def test_notebook_cell_run_again_stops_the_workbench_it_showed(tmp_path):
     "show() in a JupyterLab cell run twice: the first run's server no longer answers and the second's does (one server and one poll per cell, however often it runs)."
     browser_or_skip()
-    runs = tmp_path / "runs"
-    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    runs = live_runs(tmp_path)
     notebook_with(tmp_path, "again.ipynb", f"from matryoshka_lab.workbench import show\nshow({str(runs)!r}, 'live')")
     port = free_port()
     with jupyter_lab(tmp_path, port), chromium_page() as page:
@@ -728,8 +731,7 @@ def saved_outputs(path: Path, seconds: float = 30) -> tuple[int, str]:
 def test_saved_notebook_stays_small_and_says_it_needs_a_kernel(tmp_path):
     "show() in JupyterLab, the notebook saved (Ctrl+S): under 500 KB and saying the live view needs its kernel; Panel's inline output (show(served=False)) for the size before."
     browser_or_skip()
-    runs = tmp_path / "runs"
-    write_run(runs / "live", config={"dims": [2, 4, 8]})
+    runs = live_runs(tmp_path)
     code = "from matryoshka_lab.workbench import show\nshow({root!r}, 'live'{extra})"
     served = notebook_with(tmp_path, "served.ipynb", code.format(root=str(runs), extra=""))
     inline = notebook_with(tmp_path, "inline.ipynb", code.format(root=str(runs), extra=", served=False"))
