@@ -42,8 +42,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, scheduler, loss_gen, keep: int = 2,
-                    torch_states: list | None = None, loss_module: torch.nn.Module | None = None, scaler=None) -> Path:
-    "Write checkpoints/step_XXXXXXX atomically, with a manifest of its files' hashes; keep only the newest `keep`."
+                    torch_states: list | None = None, loss_module: torch.nn.Module | None = None, scaler=None,
+                    light: bool = False) -> Path:
+    "Write checkpoints/step_XXXXXXX atomically, with a manifest of its files' hashes; keep only the newest `keep`; `light`: the older ones kept lose their state.pt (optimizer state, twice the weights under AdamW), keeping their weights (model/), no longer resumable."
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -61,9 +62,23 @@ def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, sched
                                  "the earlier checkpoints are untouched") from err
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
+    done = sorted(root.glob("step_*"))
+    for old in done[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
+    for old in done[-keep if keep > 0 else 0:-1] if light else []:
+        _weights_only(old)
     return final
+
+def _weights_only(path: Path) -> None:
+    "A checkpoint without its state.pt (the weights stay, in model/), its manifest without it: no longer resumable."
+    manifest = path / "manifest.json"
+    if (path / "state.pt").is_file() and manifest.is_file():
+        files = json.loads(manifest.read_text())
+        files.pop("state.pt", None)
+        tmp = path / ".manifest.json.tmp"
+        tmp.write_text(json.dumps(files, indent=1))
+        os.replace(tmp, manifest)                            # first: a crash here leaves a checkpoint that still verifies
+        (path / "state.pt").unlink()
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     "The newest complete checkpoint of a run, if any (complete: renamed into place; verified only when loaded)."

@@ -109,6 +109,7 @@ class TrainConfig:
     log_every: int = 1
     checkpoint_every: int = 50                # steps between checkpoints (0: only at the end)
     keep_checkpoints: int = 2                 # newest checkpoints kept (0: all); 2 leaves one to fall back on
+    light_checkpoints: bool = False           # older kept checkpoints keep their weights only (no optimizer state: not resumable)
     eval_every: int = 0                       # steps between evaluations (0: only at the end; -1: never)
     eval_tasks: tuple = ("stsb_dev",)         # evaluated every eval_every steps and at the end (names or paths)
     eval_layers: str = "all"
@@ -218,7 +219,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
     return make_config(values, overrides)
 
 # %% ../nbs/09_config.ipynb #08ac06
-RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_tasks",
+RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "light_checkpoints", "eval_every", "eval_tasks",
                      "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers",
                      "mini_batch_size", "mini_batch_tokens", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 

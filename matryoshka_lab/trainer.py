@@ -81,8 +81,8 @@ class EvalCallback(Callback):
 class CheckpointCallback(Callback):
     "Save a checkpoint every `every` steps and at the end (rank 0 writes it, with every process's RNG state); only finite weights."
     order = 8                   # before the step's evaluation (order 10): a failing evaluation costs no checkpoint
-    def __init__(self, every: int, keep: int = 2):
-        self.every, self.keep, self.saved = every, keep, None
+    def __init__(self, every: int, keep: int = 2, light: bool = False):
+        self.every, self.keep, self.light, self.saved = every, keep, light, None
     def _save(self, trainer):
         params = list(trainer.encoder.named_parameters())
         params += list(trainer.loss_module.named_parameters(prefix="loss")) if trainer.loss_module is not None else []
@@ -93,7 +93,7 @@ class CheckpointCallback(Callback):
         states = trainer.dist.all_gather_object(torch.get_rng_state())
         if trainer.dist.main:
             save_checkpoint(Path(trainer.config.run_dir), trainer.step, trainer.encoder, trainer.optimizer,
-                            trainer.scheduler, trainer.loss_gen, self.keep, torch_states=states,
+                            trainer.scheduler, trainer.loss_gen, self.keep, torch_states=states, light=self.light,
                             loss_module=trainer.loss_module, scaler=trainer.scaler)
         self.saved = trainer.step
     def after_step(self, trainer):
@@ -123,7 +123,7 @@ def _diverged(trainer, gave_loss: bool) -> str:
 
 def default_callbacks(cfg: TrainConfig, eval_tasks: list | None = None) -> list:
     "The callbacks every run of cfg gets: checkpoints, evaluation (eval_every >= 0), the method's own, diagnostics (diagnostics_every >= 0)."
-    cbs = [CheckpointCallback(cfg.checkpoint_every, cfg.keep_checkpoints)]
+    cbs = [CheckpointCallback(cfg.checkpoint_every, cfg.keep_checkpoints, cfg.light_checkpoints)]
     if cfg.eval_every >= 0:
         cbs.append(EvalCallback(cfg.eval_every, eval_tasks))
     cbs += get_method(cfg.method).callbacks(cfg)   # a method's own (distill_nc: NC1 on a probe, 17_distill)
