@@ -835,11 +835,11 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         return self.layout
 
     def stop(self) -> None:
-        "Stop what show() started for it: the periodic tick and the server (a page still open says it lost the connection)."
+        "Stop what show() started for it: the periodic tick and the server (a page still open says it lost the connection); again, nothing."
         if self.callback is not None:
             self.callback.stop()
             self.callback = None
-        if self.served is not None:
+        if self.served is not None and not getattr(self.served.server, "_stopped", False):   # (Bokeh's own flag)
             self.served.server.stop()
 
     def _layout(self) -> pn.Column:
