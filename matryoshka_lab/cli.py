@@ -308,7 +308,9 @@ def _train(args) -> int:
         where = resolve_data_dir(cfg.data_dir)
         print(f"matryoshka-lab train: {cfg.method} with {cfg.objective} on {cfg.train_task}"
               f"{f' (data: {where})' if where else ''}, {cfg.max_steps} steps -> {cfg.run_dir}")
+    from matryoshka_lab.distributed import close_distributed
     Trainer(cfg, progress=not args.no_progress).fit()
+    close_distributed()                               # (not after an error: the others may never reach the barrier)
     if not main_process:
         return 0
     from matryoshka_lab.runs import read_run

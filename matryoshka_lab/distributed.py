@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 # %% auto #0
-__all__ = ['Dist', 'init_distributed']
+__all__ = ['Dist', 'init_distributed', 'close_distributed']
 
 # %% ../nbs/10_distributed.ipynb #08c012b
 class _GatherWithGrad(torch.autograd.Function):
@@ -105,3 +105,10 @@ def init_distributed(device: torch.device) -> tuple[Dist, torch.device]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), str(device)), device
+
+def close_distributed() -> None:
+    "Leave the job init_distributed joined, all processes together (a barrier, then the process group destroyed): left to the interpreter's exit, gloo's threads can abort a process still tearing down (seen as SIGABRT, 'terminate called without an active exception')."
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
