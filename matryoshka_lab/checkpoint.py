@@ -20,6 +20,7 @@ from .budget import advise, bytes_per_vector
 from .distributed import Dist
 from .encoder import Encoder
 from .plots import grid_table, headline
+from .runs import write_atomic
 
 # %% auto #0
 __all__ = ['save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'normalizes',
@@ -75,9 +76,7 @@ def _weights_only(path: Path) -> None:
     if (path / "state.pt").is_file() and manifest.is_file():
         files = json.loads(manifest.read_text())
         files.pop("state.pt", None)
-        tmp = path / ".manifest.json.tmp"
-        tmp.write_text(json.dumps(files, indent=1))
-        os.replace(tmp, manifest)                            # first: a crash here leaves a checkpoint that still verifies
+        write_atomic(manifest, json.dumps(files, indent=1))   # first: a crash here leaves a checkpoint that still verifies
         (path / "state.pt").unlink()
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

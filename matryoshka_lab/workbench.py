@@ -839,8 +839,9 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         if self.callback is not None:
             self.callback.stop()
             self.callback = None
-        if self.served is not None and not getattr(self.served.server, "_stopped", False):   # (Bokeh's own flag)
+        if self.served is not None and not self.served.stopped:
             self.served.server.stop()
+            self.served.stopped = True
 
     def _layout(self) -> pn.Column:
         "The header (title, run picker, step pane, status) over the five tabs: controls on the left, figures in the rest."
@@ -901,6 +902,7 @@ class Served:
     "A workbench served from the notebook's own kernel: the Bokeh server and its address."
     server: object
     url: str
+    stopped: bool = False       # Workbench.stop() ran (a Bokeh server refuses a second stop)
 
     def bundle(self) -> tuple[dict, dict]:
         "The cell output: a line that says what it is (all a notebook reopened without the kernel shows), and the script that loads the app from the server (Bokeh's server_document: a few KB)."
