@@ -6,30 +6,71 @@
 from __future__ import annotations
 
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .budget import bytes_per_vector
+from .encoder import Encoder
 from .eval import binary_codes, retrieval_metrics
 from .routing import _faiss, build_index, unit_prefix
 
 # %% auto #0
-__all__ = ['FUNNEL_PRECISIONS', 'FUNNEL_INDEXES', 'FunnelIndex', 'funnel_curve', 'best_funnel', 'search_latency',
-           'encode_latency', 'binary_codes']
+__all__ = ['FUNNEL_PRECISIONS', 'FUNNEL_INDEXES', 'SHORTLISTS', 'DEFAULT_SHORTLIST', 'embed_texts', 'FunnelIndex', 'funnel_curve',
+           'best_funnel', 'search_latency', 'encode_latency', 'binary_codes']
 
 # %% ../nbs/26_deploy.ipynb #26c006
 FUNNEL_PRECISIONS = ("float32", "binary")
 FUNNEL_INDEXES = ("flat", "hnsw")
+SHORTLISTS = (10, 20, 50, 100, 200, 500, 1000)                      # the shortlist sizes calibrate and the curves try
+DEFAULT_SHORTLIST = 100                     # results/deploy/funnel_shortlist.json: the smallest size >= 0.99 on every corpus
 _all_ = ["binary_codes"]                                            # eval's, part of this module's API too
 
+def _as_texts(x) -> list[str] | None:
+    "x as a list of texts when it is a text or a sequence of texts; None when it is numbers (a matrix)."
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, np.ndarray) and x.dtype.kind not in "USO" or not isinstance(x, (list, tuple, np.ndarray, pd.Series)):
+        return None
+    kinds = [isinstance(t, str) for t in x]
+    if not any(kinds):
+        return None
+    if not all(kinds):
+        bad = kinds.index(False)
+        raise ValueError(f"texts must all be strings; item {bad} is {type(x[bad]).__name__} {x[bad]!r}")
+    return list(x)
+
+def embed_texts(encoder, texts: list[str], batch_size: int = 64, progress: bool = True) -> np.ndarray:
+    "Embeddings [N, D] (float32) of texts by `encoder`: a model name, folder or run directory (`Encoder.from_pretrained`), an `Encoder` (its last layer), a sentence-transformers model (or anything with `.encode(texts)`), or a callable texts -> [N, D]."
+    if isinstance(encoder, (str, Path)):
+        encoder = Encoder.from_pretrained(encoder)
+    if isinstance(encoder, Encoder):
+        out = encoder.encode(texts, batch_size=batch_size, layers=[encoder.num_layers], progress=progress, desc="embed")[0]
+    elif type(encoder).__module__.startswith("sentence_transformers"):
+        out = encoder.encode(texts, batch_size=batch_size, show_progress_bar=progress)
+    elif hasattr(encoder, "encode") or callable(encoder):
+        out = encoder.encode(texts) if hasattr(encoder, "encode") else encoder(texts)
+    else:
+        raise ValueError(f"encoder must be a model name or folder, an Encoder, a sentence-transformers model or a "
+                         f"callable texts -> [N, D], got {type(encoder).__name__}")
+    out = np.asarray(out.float().cpu() if hasattr(out, "cpu") else out, dtype=np.float32)
+    if out.ndim != 2 or len(out) != len(texts):
+        raise ValueError(f"the encoder gave shape {out.shape} for {len(texts)} texts; want [{len(texts)}, D]")
+    return out
+
 class FunnelIndex:
-    "Funnel search over a corpus [N, D]: a shortlist by the unit `prefix`-dim prefix at `precision` (a FAISS flat or HNSW index), reranked by the full-width cosine."
-    def __init__(self, corpus: np.ndarray, prefix: int, precision: str = "binary", index: str = "flat",
-                 hnsw_m: int = 32, ef_construction: int = 40, ef_search: int = 64):
-        faiss, c = _faiss(), np.asarray(corpus, dtype=np.float32)
+    "Funnel search over a corpus of vectors [N, D] or texts (with an `encoder`): a shortlist by the unit `prefix`-dim prefix at `precision` (a FAISS flat or HNSW index), reranked by the full-width cosine; results are `ids` (default: corpus rows)."
+    def __init__(self, corpus, prefix: int, precision: str = "binary", index: str = "flat", ids=None, encoder=None,
+                 shortlist: int = DEFAULT_SHORTLIST, hnsw_m: int = 32, ef_construction: int = 40, ef_search: int = 64,
+                 batch_size: int = 64, progress: bool = True):
+        faiss = _faiss()
+        self.encoder = Encoder.from_pretrained(encoder) if isinstance(encoder, (str, Path)) else encoder   # loaded once
+        self.batch_size = batch_size
+        c = self._vectors(corpus, "corpus", progress)
         if c.ndim != 2 or not len(c):
-            raise ValueError(f"corpus must be a non-empty [N, D] matrix, got shape {c.shape}")
+            raise ValueError(f"corpus must be non-empty texts (with an encoder) or a non-empty [N, D] matrix, got shape {c.shape}")
         if not 1 <= prefix <= c.shape[1]:
             raise ValueError(f"prefix must be in 1..{c.shape[1]} (the corpus's width), got {prefix}")
         if precision not in FUNNEL_PRECISIONS or index not in FUNNEL_INDEXES:
@@ -37,7 +78,18 @@ class FunnelIndex:
                              f"got {precision!r}, {index!r}")
         if precision == "binary" and prefix % 8:
             raise ValueError(f"a binary shortlist needs a prefix of whole bytes (a multiple of 8), got {prefix}")
-        self.prefix, self.precision, self.kind = prefix, precision, index
+        if shortlist < 1:
+            raise ValueError(f"shortlist must be at least 1, got {shortlist}")
+        self.ids = None
+        if ids is not None:
+            ids = list(ids)
+            if len(ids) != len(c):
+                raise ValueError(f"ids must name every document: {len(ids)} ids for {len(c)} documents")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"ids must be unique; {next(i for i in ids if ids.count(i) > 1)!r} repeats")
+            self.ids = np.empty(len(ids), dtype=object)
+            self.ids[:] = ids
+        self.prefix, self.precision, self.kind, self.default_shortlist = prefix, precision, index, shortlist
         self.full = unit_prefix(c, c.shape[1])                       # the rerank's vectors
         if precision == "float32":
             self.index = build_index(unit_prefix(c, prefix), index, hnsw_m, ef_construction, ef_search)
@@ -54,24 +106,79 @@ class FunnelIndex:
         "Bytes a document takes in the shortlist index (the full float32 vectors for the rerank come on top: 4 x D)."
         return bytes_per_vector(self.prefix, self.precision)
 
-    def shortlist(self, queries: np.ndarray, n: int) -> np.ndarray:
-        "The index's n best corpus rows for each query [Q, D] -> [Q, n] (-1 where it found fewer)."
-        q = np.asarray(queries, dtype=np.float32)
+    def _vectors(self, x, what: str, progress: bool = False) -> np.ndarray:
+        "x as float32 vectors: texts embedded by the encoder, a matrix as it is."
+        texts = _as_texts(x)
+        if texts is None:
+            return np.asarray(x, dtype=np.float32)
+        if self.encoder is None:
+            raise ValueError(f"{what} given as texts need an encoder: FunnelIndex(..., encoder='embedded') (a model name "
+                             f"or folder, an Encoder, a sentence-transformers model), or pass their embeddings [N, D]")
+        return embed_texts(self.encoder, texts, self.batch_size, progress)
+
+    def _queries(self, queries) -> np.ndarray:
+        q = self._vectors(queries, "queries")
         if q.ndim != 2 or q.shape[1] != self.full.shape[1]:
-            raise ValueError(f"queries must be [Q, {self.full.shape[1]}] (the corpus's width), got shape {q.shape}")
+            raise ValueError(f"queries must be texts or [Q, {self.full.shape[1]}] (the corpus's width), got shape {q.shape}")
+        return q
+
+    def _shortlist(self, q: np.ndarray, n: int) -> np.ndarray:
         codes = unit_prefix(q, self.prefix) if self.precision == "float32" else binary_codes(q[:, :self.prefix])
         return self.index.search(codes, n)[1]
 
-    def search(self, queries: np.ndarray, k: int = 10, shortlist: int = 100) -> np.ndarray:
-        "Corpus rows [Q, k] of each query's k best by the full-width cosine among its `shortlist` best by the index (-1 where an HNSW index found fewer than k)."
-        if not 1 <= k <= shortlist <= len(self):
-            raise ValueError(f"need 1 <= k <= shortlist <= {len(self)} (the corpus), got k {k}, shortlist {shortlist}")
-        ids = self.shortlist(queries, shortlist)
-        scores = np.einsum("qd,qsd->qs", unit_prefix(np.asarray(queries, dtype=np.float32), self.full.shape[1]),
-                           self.full[np.maximum(ids, 0)])
-        scores[ids < 0] = -np.inf
+    def shortlist(self, queries, n: int) -> np.ndarray:
+        "The index's n best corpus rows for each query (texts, or vectors [Q, D]) -> [Q, n] (-1 where it found fewer)."
+        return self._shortlist(self._queries(queries), n)
+
+    def _search(self, q: np.ndarray, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        "Corpus rows [Q, k] and cosines of each query's k best by the full-width cosine among its n best by the index."
+        if not 1 <= k <= n <= len(self):
+            raise ValueError(f"need 1 <= k <= shortlist <= {len(self)} (the corpus), got k {k}, shortlist {n}")
+        rows, unit = self._shortlist(q, n), unit_prefix(q, q.shape[1])
+        scores = np.empty(rows.shape, dtype=np.float32)
+        step = max(1, (1 << 24) // (n * q.shape[1]))                 # queries at a time: their candidates <= 64 MB
+        for i in range(0, len(q), step):
+            scores[i:i + step] = np.einsum("qd,qsd->qs", unit[i:i + step], self.full[np.maximum(rows[i:i + step], 0)])
+        scores[rows < 0] = -np.inf
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(ids, order, axis=1)
+        return np.take_along_axis(rows, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+    def search(self, queries, k: int = 10, shortlist: int | None = None, scores: bool = False):
+        "Each query's k best documents [Q, k] (one text in: [k]) by the full-width cosine among its `shortlist` best by the index (default `default_shortlist`, at most the corpus): their ids (None where an HNSW index found fewer), or corpus rows (-1) without ids; with `scores`, (hits, cosines)."
+        q = self._queries(queries)
+        n = max(k, min(self.default_shortlist, len(self))) if shortlist is None else shortlist
+        rows, cos = self._search(q, k, n)
+        hits = rows if self.ids is None else np.where(rows >= 0, self.ids[np.maximum(rows, 0)], None)
+        if isinstance(queries, str):
+            hits, cos = hits[0], cos[0]
+        return (hits, cos) if scores else hits
+
+    def agreement(self, queries, k: int = 10, shortlists=SHORTLISTS) -> pd.DataFrame:
+        "Per shortlist size, how the funnel's top k agrees with exact full-width search on these queries (no relevance labels): `nn_recall`, the share of queries whose exact nearest document it holds (FAISS's 1-recall@k), and `overlap`, the mean share of exact search's top k it holds."
+        q = self._queries(queries)
+        sizes = sorted({s for s in shortlists if k <= s <= len(self)})
+        if not sizes:
+            raise ValueError(f"no shortlist size is in {k}..{len(self)} (k to the corpus size), got {tuple(shortlists)}")
+        sims = unit_prefix(q, q.shape[1]) @ self.full.T                                 # [Q, N]
+        exact, nearest = np.argpartition(-sims, k - 1, axis=1)[:, :k], sims.argmax(1)
+        rows = []
+        for s in sizes:
+            top = self._search(q, k, s)[0]
+            rows.append({"shortlist": s, "nn_recall": float((top == nearest[:, None]).any(1).mean()),
+                         "overlap": float(np.mean([len(set(e) & set(t)) / k for e, t in zip(exact, top)]))})
+        return pd.DataFrame(rows)
+
+    def calibrate(self, queries, target: float = 0.995, k: int = 10, shortlists=SHORTLISTS) -> pd.DataFrame:
+        "Set `default_shortlist` to the smallest size whose `nn_recall` reaches target on these queries (a sample of your own: texts or vectors), else to the largest size tried (with a warning); the agreement per size, the chosen one marked."
+        if not 0 < target <= 1:
+            raise ValueError(f"target must be in (0, 1], got {target}")
+        curve = self.agreement(queries, k, shortlists)
+        ok = curve[curve.nn_recall >= target]
+        self.default_shortlist = int(ok.shortlist.iloc[0] if len(ok) else curve.shortlist.iloc[-1])
+        if ok.empty:
+            warnings.warn(f"no shortlist size tried keeps the exact nearest document in the top {k} for {target} of the "
+                          f"queries (best {curve.nn_recall.max():.3f}); using the largest, {self.default_shortlist}", stacklevel=2)
+        return curve.assign(chosen=curve.shortlist == self.default_shortlist)
 
 # %% ../nbs/26_deploy.ipynb #26c010
 def _time_queries(searches: dict, rows: list, rounds: int) -> dict:
@@ -123,7 +230,7 @@ def funnel_curve(queries: np.ndarray, corpus: np.ndarray, qrels, prefixes=(32, 6
                 hnsw = build_index(unit_prefix(c, D), "hnsw", hnsw_m, ef_construction, ef_search)
                 setups[("hnsw", "float32", "hnsw", D, k)] = lambda x, n=k: hnsw.search(unit_prefix(x, D), n)[1]
             else:
-                f = FunnelIndex(c, d, p, kind, hnsw_m, ef_construction, ef_search)
+                f = FunnelIndex(c, d, p, kind, hnsw_m=hnsw_m, ef_construction=ef_construction, ef_search=ef_search)
                 for s in shortlists:
                     setups[("funnel", p, kind, d, s)] = lambda x, f=f, s=s: f.search(x, k, s)
             built[("hnsw", p, "hnsw", d) if kind == "hnsw-full" else ("funnel", p, kind, d)] = time.perf_counter() - t0

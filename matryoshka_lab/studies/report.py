@@ -29,14 +29,14 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS',
            'GRAD_CACHE_SETUPS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table',
            'backbones_table', 'share_table', 'step_time_table', 'gpu_step_table', 'retrieval_table', 'funnel_table',
-           'query_latency_table', 'budget_table', 'funnel_figure', 'budget_figure', 'demo_table', 'encode_table',
-           'mteb_table', 'mteb_check_table', 'precision_grid_table', 'eval_grid_table', 'faiss_table', 'distill_table',
-           'distill_transfer_table', 'distill_tests_table', 'backbone_cost_table', 'watch_table', 'dashboard_table',
-           'fractal_workers_table', 'fractal_table', 'fractal_toggles_table', 'fractal_datasets_table',
-           'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table', 'fractal_synthetic_table',
-           'fractal_capacity_table', 'fractal_loo_table', 'routing_table', 'hard_negatives_table', 'grad_cache_table',
-           'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure',
-           'write_figures']
+           'funnel_shortlist_table', 'query_latency_table', 'budget_table', 'funnel_figure', 'budget_figure',
+           'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table', 'eval_grid_table',
+           'faiss_table', 'distill_table', 'distill_transfer_table', 'distill_tests_table', 'backbone_cost_table',
+           'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table', 'fractal_toggles_table',
+           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
+           'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table', 'routing_table',
+           'hard_negatives_table', 'grad_cache_table', 'render_table', 'fill_tables', 'vs_mrl_figure',
+           'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -279,6 +279,17 @@ def funnel_table(results="results", min_ratio: float = 0.99) -> str:
     where = (f"{s['n_corpus']:,} documents, {s['n_queries']:,} queries ({s['n_timed']} timed one a call, "
              f"{s['threads']} thread, {s['rounds']} rounds)")
     return md_table(table.rename_axis(where))
+
+def funnel_shortlist_table(results="results", precision: str = "binary", prefix: int = 256) -> str:
+    "Per corpus of results/deploy/funnel_shortlist.json, a flat `precision` `prefix`-dim funnel's nDCG@10 / exact search's at each shortlist size, and in brackets the share of queries whose exact nearest document its top 10 holds (FunnelIndex.agreement's nn_recall)."
+    res = _result_file(results, "deploy", "funnel_shortlist.json", command="python experiments/funnel_shortlist.py")
+    rows = pd.DataFrame(res["rows"])
+    rows = rows[(rows.precision == precision) & (rows.prefix == int(prefix))]
+    names = {c["corpus"]: f"{c['corpus']} ({c['n_corpus']:,} docs; {c['role']})" for c in res["corpora"]}
+    cells = rows.assign(cell=[f"{r:.3f} ({a:.3f})" for r, a in zip(rows.ndcg_ratio, rows.nn_recall)])
+    table = cells.pivot(index="corpus", columns="shortlist", values="cell").reindex(list(names)).fillna("-")
+    table.index = [names[c] for c in table.index]
+    return md_table(table.rename_axis(f"{precision} {prefix} dims, flat: shortlist k'"))
 
 def query_latency_table(results="results", part: str = "search") -> str:
     "results/bench/funnel.json's latency tables: `search` (us, one top-10 search of a single-stage index: precision x dim) or `encode` (us, one query through l layers)."
@@ -884,7 +895,7 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_tab
           "dashboard": dashboard_table,
           "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
-          "funnel": funnel_table, "hard_negatives": hard_negatives_table,
+          "funnel": funnel_table, "funnel_shortlist": funnel_shortlist_table, "hard_negatives": hard_negatives_table,
           "grad_cache": grad_cache_table, "query_latency": query_latency_table, "budget": budget_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
