@@ -203,13 +203,14 @@ def _md(df: pd.DataFrame) -> str:
     rows += [[str(i)] + [str(v) for v in r] for i, r in zip(df.index, df.itertuples(index=False))]
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
-def model_card(config: dict, dims=None, layers=None, grid: pd.DataFrame | None = None, tolerances=(0.01, 0.05)) -> str:
-    "README.md of an exported run: how it was trained, what it can be cut to, and (from its grid.csv) each evaluated task by prefix (every layer for a 2D run) with the cheapest cell within each tolerance of the full model."
+def model_card(config: dict, dims=None, layers=None, grid: pd.DataFrame | None = None, tolerances=(0.01, 0.05),
+               trained_on: str | None = None) -> str:
+    "README.md of an exported run: how it was trained (on `trained_on`, default the config's train_task), what it can be cut to, and (from its grid.csv) each evaluated task by prefix (every layer for a 2D run) with the cheapest cell within each tolerance of the full model."
     c = config
     out = ["---", "library_name: sentence-transformers", "tags:", "- sentence-transformers", "- matryoshka", "- matryoshka_lab",
            "---", "", f"# {Path(c.get('run_dir', 'model')).name}", "",
            f"Trained with matryoshka_lab: method `{c.get('method')}`, objective `{c.get('objective')}`, on "
-           f"`{c.get('train_task')}` for {c.get('max_steps')} steps (seed {c.get('seed')}), from `{c.get('model')}`.", "",
+           f"{trained_on or '`' + str(c.get('train_task')) + '`'} for {c.get('max_steps')} steps (seed {c.get('seed')}), from `{c.get('model')}`.", "",
            "## What it can be cut to", ""]
     if dims:
         out += [f"- **Prefixes** trained as embeddings: {', '.join(map(str, sorted(dims)))} dims (`matryoshka_dimensions` in "

@@ -231,7 +231,7 @@ def _eval_defaults(args) -> None:
         args.dims = args.dims or cfg.get("eval_dims") or ",".join(map(str, cfg.get("dims") or [])) or None
         args.data_dir = args.data_dir or cfg.get("data_dir")
         args.columns = args.columns if args.columns is not None else cfg.get("columns") or None
-        args.out = args.out or str(Path(args.run_dir) / "grid.csv")
+        args.out = args.out or str(Path(args.run_dir) / "eval" / "grid.csv")   # beside the run's own grid.csv
     args.layers = args.layers or "all"
     args.dims = args.dims or "all"
 
@@ -246,10 +246,15 @@ def parse_columns(spec) -> dict:
     return {old.strip(): new.strip() for old, new in (p.split("=", 1) for p in pairs)}
 
 def _data_notes(args, tasks: list[str]) -> None:
-    "Say which of a run's own data files changed since the run recorded them (its data.json)."
+    "Say which of a run's own data files changed since the run recorded them (its data.json), and when these tasks are not those the run was evaluated on (its data_used.json)."
     if args.run_dir is None:
         return
-    from matryoshka_lab.trainer import data_changes
+    from matryoshka_lab.data import task_name
+    from matryoshka_lab.trainer import data_changes, read_used
+    evaluated = [e.get("task") for e in read_used(args.run_dir).get("eval", []) if isinstance(e, dict)]
+    if evaluated and [task_name(t) for t in tasks] != evaluated:
+        print(f"note: the run was evaluated on {', '.join(map(str, evaluated))} (data_used.json); these scores are of "
+              f"{', '.join(tasks)}", file=sys.stderr)
     for task, (before, now) in data_changes(args.run_dir, tasks).items():
         what = "is gone" if now is None else f"has changed (fingerprint {before[:19]}... when the run recorded it, now {now[:19]}...)"
         print(f"note: {task} {what}: these scores are of the data as it is now", file=sys.stderr)
@@ -259,6 +264,10 @@ def _eval(args) -> None:
     _eval_defaults(args)
     args.columns = parse_columns(args.columns)
     out = check_out_file(args.out)   # before the encoding, not after
+    own = Path(args.run_dir) / "grid.csv" if args.run_dir is not None else None
+    if own is not None and own.is_file() and out.resolve() == own.resolve():
+        raise ValueError(f"{own} is the run's own evaluation (its model card's table): give another --out, or none "
+                         f"(the default {Path(args.run_dir) / 'eval' / 'grid.csv'} is kept beside it)")
     inside = args.run_dir is not None and out.resolve().is_relative_to(Path(args.run_dir).resolve())
     with RunLock(args.run_dir) if inside else contextlib.nullcontext():   # a run directory's grid.csv: its one writer
         _evaluate_to(args, out)
@@ -274,7 +283,8 @@ def _evaluate_to(args, out: Path) -> None:
     _data_notes(args, tasks)
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
-                  protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions)
+                  protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions,
+                  notes=True)                                   # texts longer than the model reads, per task
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, df.to_json(orient="records", indent=1) if out.suffix.lower() == ".json" else df.to_csv(index=False))
     _print_tables(df)
@@ -314,10 +324,15 @@ def _train(args) -> int:
     if not main_process:
         return 0
     from matryoshka_lab.runs import read_run
+    from matryoshka_lab.trainer import read_used
     run = read_run(cfg.run_dir)
     loss = run.metrics[(run.metrics.split == "train") & (run.metrics.name == "loss")]
     if len(loss):
         print(loss_summary(loss))
+    used = read_used(cfg.run_dir).get("train") or {}
+    if used.get("longer"):
+        print(f"data: {used['longer']:,} of {used['distinct_texts']:,} distinct training texts were longer than max_length "
+              f"{used['max_length']} tokens (training read their first {used['max_length']})")
     grid = Path(cfg.run_dir) / "grid.csv"
     if grid.is_file():
         import pandas as pd

@@ -359,6 +359,16 @@ class Encoder(_BatchedEncoding, nn.Module):
         device = self.device if device is None else torch.device(device)
         return {k: torch.from_numpy(v).to(device) for k, v in batch.items() if k in self._accepted}
 
+    def too_long(self, texts: list[str], max_length: int | None = None) -> np.ndarray:
+        "Which texts [N] (bool) have more tokens, special tokens included, than max_length (default the encoder's): those it reads only the start of."
+        limit, out = max_length or self.max_length, np.zeros(len(texts), dtype=bool)
+        for i in range(0, len(texts), 4096):
+            with _TOKENIZER_LOCK:           # cut at limit + 1: a text's length is only needed up to there
+                ids = self.tokenizer(list(texts[i:i + 4096]), truncation=True, max_length=limit + 1,
+                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+            out[i:i + len(ids)] = [len(x) > limit for x in ids]
+        return out
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers=None, tokens: bool = False,
                 attentions: bool = False, pooling: str | None = None, **inputs) -> EncoderOutput:
         "One pass over a tokenised batch input_ids/attention_mask [B, T] -> EncoderOutput for `layers`."

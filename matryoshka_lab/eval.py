@@ -5,6 +5,7 @@
 # %% ../nbs/04_eval.ipynb #03c003
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -363,8 +364,8 @@ def scored_cells(task: Task, cells: int, precisions) -> int:
 
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
              max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
-             precisions=("float32",), columns: dict | None = None) -> pd.DataFrame:
-    "Tidy table (task, layer, dim, metric, value) of `tasks` (names, paths to your own data with the `columns` renames, or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...)."
+             precisions=("float32",), columns: dict | None = None, notes: bool | None = None) -> pd.DataFrame:
+    "Tidy table (task, layer, dim, metric, value) of `tasks` (names, paths to your own data with the `columns` renames, or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...). attrs['truncated']: per task, its texts longer than the encoder reads, said on stderr with `notes` (default: with progress)."
     from tqdm.auto import tqdm
     if isinstance(tasks, (str, Task)):
         tasks = [tasks]
@@ -378,6 +379,13 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     index, positions = {}, []
     for t in loaded:
         positions.append(np.array([index.setdefault(s, len(index)) for s in task_texts(t)]))
+    limit = max_length or encoder.max_length
+    long = encoder.too_long(list(index), limit)
+    truncated = {t.name: (int(long[np.unique(pos)].sum()), len(np.unique(pos))) for t, pos in zip(loaded, positions)}
+    for name, (cut, n) in truncated.items():
+        if cut and (progress if notes is None else notes):
+            tqdm.write(f"note: {name}: {cut:,} of {n:,} texts ({cut / n:.1%}) are longer than {limit} tokens; "
+                       f"the encoder reads their first {limit}", file=sys.stderr)
     t0 = time.perf_counter()
     emb = encoder.encode(list(index), batch_size=batch_size, max_length=max_length, layers=layer_ids, progress=progress)
     t_encode = time.perf_counter() - t0
@@ -391,7 +399,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
                     rows.append((t.name, layer, d, metric, float(grid[i, j])))
     bar.close()
     df = pd.DataFrame(rows, columns=["task", "layer", "dim", "metric", "value"])
-    df.attrs.update(n_texts=len(index), encode_seconds=t_encode, score_seconds=time.perf_counter() - t0 - t_encode)
+    df.attrs.update(n_texts=len(index), truncated={k: v[0] for k, v in truncated.items()}, max_length=limit, encode_seconds=t_encode, score_seconds=time.perf_counter() - t0 - t_encode)
     return df
 
 # %% ../nbs/04_eval.ipynb #03c027

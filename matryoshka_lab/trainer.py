@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -32,8 +34,9 @@ from .runs import RunLock, RunLog, write_atomic, write_json
 from .views import CachedViews, method_views
 
 # %% auto #0
-__all__ = ['preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes', 'add_callbacks',
-           'make_optimizer', 'Trainer', 'data_record', 'data_changes', 'check_run_dir']
+__all__ = ['USED_FILE', 'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes',
+           'add_callbacks', 'texts_fingerprint', 'used_record', 'read_used', 'trained_on', 'make_optimizer', 'Trainer',
+           'data_record', 'data_changes', 'check_run_dir']
 
 # %% ../nbs/12_trainer.ipynb #08c018
 def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> list:
@@ -56,7 +59,7 @@ class EvalCallback(Callback):
     "Evaluate the layer x dim grid every `every` steps (0: at the end only); log it and write grid.csv."
     order = 10
     def __init__(self, every: int = 0, tasks: list | None = None):   # tasks: loaded Tasks (preflight); None: cfg.eval_tasks
-        self.every, self.tasks = every, tasks
+        self.every, self.tasks, self.noted = every, tasks, False
     def _run(self, trainer):
         if not trainer.dist.main:   # the other processes wait at their next collective
             return
@@ -64,10 +67,13 @@ class EvalCallback(Callback):
         cfg = trainer.config
         shown = trainer.progress    # (not the bar's disable flag: tqdm sets it on close, before the final evaluation)
         if shown:                   # a training bar standing still for minutes would read as a hang
-            tqdm.write(f"step {trainer.step}: evaluating {', '.join(cfg.eval_tasks)} (layers {cfg.eval_layers}, "
+            names = [t.name for t in self.tasks] if self.tasks else list(cfg.eval_tasks)
+            tqdm.write(f"step {trainer.step}: evaluating {', '.join(names)} (layers {cfg.eval_layers}, "
                        f"dims {cfg.eval_dims or ','.join(map(str, cfg.dims))})", file=sys.stderr)
         df = evaluate(trainer.encoder, self.tasks or list(cfg.eval_tasks), layers=cfg.eval_layers,
-                      dims=cfg.eval_dims or list(cfg.dims), data_dir=cfg.data_dir, progress=shown)
+                      dims=cfg.eval_dims or list(cfg.dims), data_dir=cfg.data_dir, progress=shown,
+                      notes=shown and not self.noted)      # texts longer than the encoder reads: said once a run
+        self.noted = True
         for r in df.itertuples():
             trainer.log.log(trainer.step, f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}", r.value, split="eval")
         write_atomic(Path(cfg.run_dir) / "grid.csv", df.to_csv(index=False))
@@ -145,6 +151,45 @@ def add_callbacks(defaults: list, callbacks=(), drop=()) -> list:
     kept = [c for c in defaults if not isinstance(c, drop) and type(c) not in given]
     return sorted(kept + list(callbacks), key=lambda c: c.order)
 
+# %% ../nbs/12_trainer.ipynb #08c019a
+USED_FILE = "data_used.json"                # what a run trained and was evaluated on, beside config.json
+
+def texts_fingerprint(data: TrainData) -> str:
+    "'sha256:HEX' of training data: its text columns (first, second, negatives) and targets, in order."
+    h = hashlib.sha256()
+    for name, col in (("a", data.text_a), ("b", data.text_b or ()), *((f"n{i}", c) for i, c in enumerate(data.negatives))):
+        h.update(f"\x1d{name}:{len(col)}\x1d".encode())
+        for t in col:
+            h.update(str(t).encode() + b"\x1e")
+    for part in data.target if isinstance(data.target, tuple) else () if data.target is None else (data.target,):
+        a = np.asarray(part)
+        h.update(f"\x1d{a.shape}".encode())
+        h.update("\x1e".join(map(str, a.ravel())).encode() if a.dtype.kind in "OUS" else np.ascontiguousarray(a).tobytes())
+    return f"sha256:{h.hexdigest()}"
+
+def used_record(cfg: TrainConfig, data: TrainData, passed: bool, evaluated: list) -> dict:
+    "What a run trains and is evaluated on: the config's train tasks or data passed in Python (rows, texts_fingerprint), and each evaluated task (a loaded Task: name, kind, source; else its name)."
+    train = {"from": "Trainer(data=...)" if passed else "config", "rows": len(data), "texts": texts_fingerprint(data)}
+    if not passed:
+        train["tasks"] = cfg.train_tasks()
+    return {"train": train, "eval": [{"task": t.name, "kind": t.kind, "source": t.source} if hasattr(t, "spec")
+                                     else {"task": str(t)} for t in evaluated]}
+
+def read_used(run_dir: str | Path) -> dict:
+    "A run's data_used.json ({} when it has none or it is unreadable)."
+    try:
+        used = json.loads((Path(run_dir) / USED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return used if isinstance(used, dict) else {}
+
+def trained_on(used: dict) -> str:
+    "A run's training data in words, from its used_record."
+    t = used.get("train") or {}
+    if t.get("from") == "config":
+        return ", ".join(f"`{x}`" for x in t.get("tasks", []))
+    return f"data passed in Python ({t.get('rows', 0):,} rows, texts {str(t.get('texts'))[:19]}...)"
+
 # %% ../nbs/12_trainer.ipynb #08c020
 def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module | None = None):
     "AdamW (a loss's own parameters at cfg.loss_lr; no decay on those flagged no_weight_decay; fused on a GPU) and its warm-up schedule."
@@ -202,6 +247,11 @@ class Trainer:
         self.cached = config.mini_batch_size is not None or config.mini_batch_tokens is not None   # GradCache (views)
         self.batches = BatchesAhead(self.prepare, workers, pin=device.type == "cuda")   # micro-batch k: self.batches(k)
         self.callbacks = add_callbacks(default_callbacks(config, eval_tasks), callbacks, drop)
+        ev = next((cb for cb in self.callbacks if isinstance(cb, EvalCallback)), None)
+        self.used = used_record(config, self.data, data is not None, [] if ev is None else ev.tasks or list(config.eval_tasks))
+        texts = list(dict.fromkeys([*self.data.text_a, *(self.data.text_b or ()), *(t for c in self.data.negatives for t in c)]))
+        self.used["train"].update(max_length=config.max_length, distinct_texts=len(texts),
+                                  longer=int(self.encoder.too_long(texts, config.max_length).sum()))
         self.step, self.out, self.log, self.bar = 0, None, None, None
 
     def _fire(self, event: str) -> None:
@@ -273,9 +323,15 @@ class Trainer:
         if main:
             try:
                 lock.acquire()
-                check_run_dir(run_dir, cfg)
+                check_run_dir(run_dir, cfg, self.used["train"]["texts"])
                 run_dir.mkdir(parents=True, exist_ok=True)
                 write_json(run_dir / "data.json", data_record(cfg))   # your own data's fingerprints, beside config.json
+                write_json(run_dir / USED_FILE, self.used)            # what it trains and is evaluated on
+                t = self.used["train"]
+                if t["longer"] and self.progress:
+                    tqdm.write(f"note: training data: {t['longer']:,} of {t['distinct_texts']:,} distinct texts "
+                               f"({t['longer'] / t['distinct_texts']:.1%}) are longer than max_length {t['max_length']} "
+                               f"tokens; training reads their first {t['max_length']}", file=sys.stderr)
             except (ValueError, OSError) as err:
                 lock.release()
                 refused = err
@@ -306,7 +362,8 @@ class Trainer:
         "The model as a folder at path: config.json declares what the method trained as embeddings, README.md is its card with the run's last evaluation (grid.csv)."
         dims, layers = self.method.trained_cuts(self.loss_fn, self.encoder.hidden_size, self.encoder.num_layers)
         grid = Path(self.config.run_dir) / "grid.csv"
-        card = model_card(self.config.to_dict(), dims, layers, pd.read_csv(grid) if grid.is_file() else None)
+        card = model_card(self.config.to_dict(), dims, layers, pd.read_csv(grid) if grid.is_file() else None,
+                          trained_on=trained_on(self.used))
         return export_model(self.encoder, path, dims=dims, layers=layers, card=card)
 
     def _loop(self) -> None:
@@ -356,8 +413,8 @@ def data_changes(run_dir: str | Path, tasks) -> dict:
     now = {t: data_fingerprint(t) if Path(t).exists() else None for t in tasks if t in saved}
     return {t: (saved[t], fp) for t, fp in now.items() if fp != saved[t]}
 
-def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
-    "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, records without a config, or checkpoints of training data that has changed since; warn of a changed eval file."
+def check_run_dir(run_dir: str | Path, cfg: TrainConfig, texts: str | None = None) -> None:
+    "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, records without a config, or checkpoints of training data that has changed since (a file, or `texts`: the texts_fingerprint of the data about to train); warn of a changed eval file."
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"run_dir {str(path)!r} is a file, not a directory")
@@ -376,3 +433,7 @@ def check_run_dir(run_dir: str | Path, cfg: TrainConfig) -> None:
                              "batches. Restore the file, or use another run_dir")
         if task not in cfg.train_tasks():
             warnings.warn(f"eval task {task} {what}: the run's earlier evaluations scored the data as it was", stacklevel=2)
+    before = (read_used(path).get("train") or {}).get("texts")
+    if texts and before and before != texts and any((path / "checkpoints").glob("step_*")):
+        raise ValueError(f"run directory {str(path)!r} trained on other data (texts {before[:19]}..., now {texts[:19]}...): "
+                         "a resume would draw other batches. Train on the same data, or use another run_dir")

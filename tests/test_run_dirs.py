@@ -67,7 +67,7 @@ def test_a_second_writer_is_refused_and_the_first_run_is_intact(tiny_model_dir, 
         message = last_error(train(run_dir, *sets, *extra))
         assert message.startswith(f"error: run directory '{run_dir}' is in use by process {first.pid} on "), message
     res = subprocess.run(["matryoshka-lab", "eval", str(run_dir), "--no-progress"], capture_output=True, text=True,
-                         timeout=300)   # its grid.csv is the run's: eval RUN_DIR writes there only as the one writer
+                         timeout=300)   # eval RUN_DIR writes in the run directory (eval/grid.csv) only as its one writer
     assert last_error(res).startswith(f"error: run directory '{run_dir}' is in use by process {first.pid}")
     with pytest.raises(RunInUse, match=f"is in use by process {first.pid}"):
         launch(make_config({"run_dir": str(run_dir)}, sets))

@@ -68,9 +68,18 @@ def test_every_config_trains_through_the_cli(config, tiny_model_dir, tmp_path):
     assert (saved.get("matryoshka_dimensions"), saved.get("matryoshka_layers")) == expected, (method, saved)
     assert "| builtin_sts: spearman, layer \\ dim |" in (tmp_path / "run" / "model" / "README.md").read_text()
     # the exported model evaluates like any model folder, and `eval RUN_DIR` picks the run's own settings
+    own = (tmp_path / "run" / "grid.csv").read_bytes()
     res = subprocess.run(["matryoshka-lab", "eval", str(tmp_path / "run"), "--no-progress"], capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+    # ... beside the run's own grid.csv (its model card's table), which it leaves as it was and refuses to overwrite
+    assert (tmp_path / "run" / "grid.csv").read_bytes() == own and (tmp_path / "run" / "eval" / "grid.csv").is_file()
+    used = json.loads((tmp_path / "run" / "data_used.json").read_text())      # what the run trained and was evaluated on
+    assert used["train"]["from"] == "config" and used["eval"] == [{"task": "builtin_sts", "kind": "sts", "source": "generated"}]
+    if config.stem == "mrl":
+        res = subprocess.run(["matryoshka-lab", "eval", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "grid.csv"),
+                              "--no-progress"], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and "is the run's own evaluation (its model card's table)" in res.stderr, res.stderr[-2000:]
 
 
 def losses(run_dir):
