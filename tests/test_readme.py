@@ -94,6 +94,35 @@ def test_readme_and_results_link_every_figure():
     assert sorted(f"results/figures/{name}.png" for name in FIGURES) == sorted(p for p in linked if p.startswith("results/figures/"))
 
 
+def test_deploy_section_runs_as_written(data_dir, tmp_path, monkeypatch):
+    "The README's deploy section, its commands and code as written (in a fresh folder, the data from $MATRYOSHKA_LAB_DATA); its funnel, on a corpus DEFAULT_SHORTLIST was not chosen on, keeps 0.99 of exact search's nDCG@10."
+    import subprocess
+    import numpy as np
+    from matryoshka_lab.deploy import embed_texts
+    from matryoshka_lab.eval import retrieval_metrics
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Deploying", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", section, re.S)
+    assert [lang for lang, _ in blocks] == ["bash", "python", "python"], blocks
+    monkeypatch.setenv("MATRYOSHKA_LAB_DATA", str(data_dir))
+    monkeypatch.chdir(tmp_path)
+    names = {}
+    for lang, code in blocks:
+        if lang == "bash":
+            res = subprocess.run(code.replace("\\\n", " "), shell=True, capture_output=True, text=True, timeout=900)
+            assert res.returncode == 0, res.stderr[-3000:]
+        else:
+            exec(compile(code, "README.md", "exec"), names)
+    assert (tmp_path / "runs" / "budget" / "grid.csv").is_file()
+    index, task, hits = names["index"], names["task"], names["hits"]
+    assert hits.shape == (3, 10) and set(hits.ravel()) <= set(index.ids)             # ids out, for texts in
+    row = {d: i for i, d in enumerate(index.ids)}
+    q = embed_texts(index.encoder, task.queries, progress=False)
+    funnel = np.vectorize(row.get)(index.search(q, k=10))                            # every query, the default shortlist
+    exact = np.argsort(-(q / np.linalg.norm(q, axis=1, keepdims=True)) @ index.full.T, axis=1, kind="stable")[:, :10]
+    kept = retrieval_metrics(funnel, task.qrels)["ndcg_at_10"] / retrieval_metrics(exact, task.qrels)["ndcg_at_10"]
+    assert kept >= 0.99, kept
+
+
 if __name__ == "__main__":
     from matryoshka_lab.studies.report import write_figures
     print(f"regenerated the tables of {refresh_index_tables()} cells of nbs/index.ipynb")
