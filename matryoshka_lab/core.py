@@ -24,10 +24,22 @@ __all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'constant', 'cpu_has_nati
 
 # %% ../nbs/00_core.ipynb #00c006
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    "`device` if given, else CUDA when present, else CPU."
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    "`device` if given, checked to be one this torch and machine have (else a ValueError, before anything loads), else CUDA when present, else CPU."
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device name torch knows (cpu, cuda, cuda:N, mps): {err}") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"device {device!r}: {why}; use device cpu, or leave device unset (CUDA when present)")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available here")
+    return d
 
 # %% ../nbs/00_core.ipynb #00c007e
 @functools.lru_cache(maxsize=256)

@@ -104,9 +104,14 @@ class Sentences:
 def _read_jsonl(path: Path) -> pd.DataFrame:
     "A JSON-lines file read record by record, so that a broken line (a truncated file) is named by its number."
     rows, lines = [], []
-    with open(path, encoding="utf-8") as f:
-        text = f.read().split("\n")
-    for n, line in enumerate(text, 1):
+    with open(path, "rb") as f:
+        text = f.read().split(b"\n")
+    for n, raw in enumerate(text, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{str(path)!r} line {n}: not UTF-8 text (byte {raw[err.start]:#04x} at column "
+                             f"{err.start + 1}); save the file as UTF-8") from None
         if not line.strip():
             continue
         try:
@@ -307,7 +312,13 @@ def read_beir(folder: str | Path, split: str = "test") -> RetrievalData:
         if not (folder / part).is_file():
             raise ValueError(f"{str(folder)!r} is not a BEIR retrieval folder: {part} is missing")
     path = folder / "qrels" / f"{split}.tsv"
-    qrels = pd.read_csv(path, sep="\t", dtype=str)
+    try:
+        qrels = pd.read_csv(path, sep="\t", dtype=str)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{str(path)!r} is empty: qrels need a header (query-id, corpus-id, score) and a line per "
+                         "judgement") from None
+    except (ValueError, pd.errors.ParserError) as err:
+        raise ValueError(f"{str(path)!r} cannot be read as tsv: {err}") from None
     qrels.attrs["source"] = str(path)
     return beir_from_frames(read_table(folder / "corpus.jsonl"), read_table(folder / "queries.jsonl"), qrels,
                             where=lambda n: f"{str(path)!r} line {n + 2}")

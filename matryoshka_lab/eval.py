@@ -347,9 +347,12 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
 
 # %% ../nbs/04_eval.ipynb #03c025
 def check_task_names(tasks: list) -> None:
-    "Refuse (ValueError) loaded Tasks from different sources under one name: a grid keeps its rows by task name."
-    sources = {}
+    "Refuse (ValueError) a task listed twice, and loaded Tasks from different sources under one name: a grid keeps its rows by task name."
+    sources, seen = {}, set()
     for t in tasks:
+        if (t.name, t.source) in seen:
+            raise ValueError(f"task {t.name!r} is listed twice; a grid holds each task once")
+        seen.add((t.name, t.source))
         sources.setdefault(t.name, set()).add(t.source)
     clash = sorted(n for n, s in sources.items() if len(s) > 1)
     if clash:
@@ -379,6 +382,10 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     index, positions = {}, []
     for t in loaded:
         positions.append(np.array([index.setdefault(s, len(index)) for s in task_texts(t)]))
+    if (progress if notes is None else notes) and set(precisions) - {"float32"} \
+            and not any(isinstance(t.test, RetrievalData) for t in loaded):
+        tqdm.write(f"note: precisions {', '.join(precisions)} apply to retrieval tasks, and none of these is one: "
+                   "float32 scores only", file=sys.stderr)
     limit = max_length or encoder.max_length
     long = encoder.too_long(list(index), limit)
     truncated = {t.name: (int(long[np.unique(pos)].sum()), len(np.unique(pos))) for t, pos in zip(loaded, positions)}

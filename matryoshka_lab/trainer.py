@@ -47,12 +47,14 @@ def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> li
         raise ValueError(f"max_length {cfg.max_length} exceeds the model's {limit} positions")
     if not evaluation or cfg.eval_every < 0:
         return []
+    dims_key = "eval_dims" if cfg.eval_dims else "dims"       # the dims evaluated: eval_dims, else the trained ones
     for key, check in (("eval_layers", lambda: parse_layers(cfg.eval_layers, encoder.num_layers)),
-                       ("eval_dims", lambda: parse_dims(cfg.eval_dims or list(cfg.dims), encoder.hidden_size))):
+                       (dims_key, lambda: parse_dims(cfg.eval_dims or list(cfg.dims), encoder.hidden_size))):
         try:
             check()
         except ValueError as err:
-            raise ValueError(f"{key} {getattr(cfg, key)!r}: {err}") from None
+            value = getattr(cfg, key)
+            raise ValueError(f"{key} {list(value) if isinstance(value, tuple) else value!r}: {err}") from None
     return [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
 
 class EvalCallback(Callback):
