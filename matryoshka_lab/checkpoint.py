@@ -5,6 +5,7 @@
 # %% ../nbs/11_checkpoint.ipynb #08cc02
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from safetensors import SafetensorError
 
 from .budget import advise, bytes_per_vector
 from .distributed import Dist
@@ -23,10 +25,20 @@ from .plots import grid_table, headline
 from .runs import write_atomic
 
 # %% auto #0
-__all__ = ['save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint', 'normalizes',
-           'export_model', 'model_card']
+__all__ = ['WRITE_ERRORS', 'save_checkpoint', 'latest_checkpoint', 'read_checkpoint', 'load_checkpoint', 'resume_checkpoint',
+           'normalizes', 'export_model', 'model_card']
 
 # %% ../nbs/11_checkpoint.ipynb #08c014
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)   # a full disk as torch.save and safetensors report it, too
+
+def _write_failed(err: BaseException, what: str, kept: str) -> OSError:
+    "A failed write (`err`, one of WRITE_ERRORS) as one OSError line: what failed, why, and what is left as it was."
+    if isinstance(err, OSError):
+        why = err.strerror or str(err)
+    else:                                    # torch.save's RuntimeError, safetensors' error: the cause is not named
+        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; a full disk?"
+    return OSError(getattr(err, "errno", None) or errno.EIO, f"writing {what} failed ({why}); {kept}")
+
 def _rng_state(loss_gen: torch.Generator, torch_states: list | None = None) -> dict:
     state = {"torch": torch.get_rng_state(), "loss": loss_gen.get_state()}
     if torch_states is not None and len(torch_states) > 1:
@@ -50,17 +62,16 @@ def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, sched
     final, tmp = root / f"step_{step:07d}", root / f".tmp_step_{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        export_model(encoder, tmp / "model")
+        _write_model(encoder, tmp / "model", None, None, None, None)   # (tmp as a whole is the atomic part)
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "rng": _rng_state(loss_gen, torch_states),
                     "loss": loss_module.state_dict() if loss_module is not None else {},
                     "scaler": scaler.state_dict() if scaler is not None else {}}, tmp / "state.pt")   # fp16's loss scale
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / "manifest.json").write_text(json.dumps({p.relative_to(tmp).as_posix(): _sha256(p) for p in files}, indent=1))
-    except OSError as err:   # a full disk: no half-written folder, the previous checkpoints untouched
+    except WRITE_ERRORS as err:   # a full disk: no half-written folder, the previous checkpoints untouched
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(err.errno, f"writing checkpoint step {step} in {str(root)!r} failed ({err.strerror or err}); "
-                                 "the earlier checkpoints are untouched") from err
+        raise _write_failed(err, f"checkpoint step {step} in {str(root)!r}", "the earlier checkpoints are untouched") from err
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     done = sorted(root.glob("step_*"))
@@ -163,10 +174,28 @@ def normalizes(encoder: Encoder) -> bool:
 
 def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None, dims=None, layers=None,
                  card: str | None = None) -> Path:
-    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder (Transformer, Pooling, and Normalize when its base had it: `normalizes`); `dims` / `layers`: the prefixes / hidden states trained as embeddings (config.json), `card`: its README.md."
-    enc = encoder.truncated(n_layers) if n_layers is not None else encoder
+    "Save encoder (or its first n_layers) as a Hugging Face + sentence-transformers folder (Transformer, Pooling, and Normalize when its base had it: `normalizes`); `dims` / `layers`: the prefixes / hidden states trained as embeddings (config.json), `card`: its README.md. Whole or not at all: written beside `path`, then renamed into place (a folder already there stays until then)."
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    tmp, old = path.parent / f".{path.name}.tmp-{os.getpid()}", path.parent / f".{path.name}.old-{os.getpid()}"
+    for stale in (tmp, old):                              # left by a process killed mid-export
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        _write_model(encoder, tmp, n_layers, dims, layers, card)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, WRITE_ERRORS) and not isinstance(err, ValueError):
+            raise _write_failed(err, f"the model folder {str(path)!r}", "what was there before is as it was") from err
+        raise
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+def _write_model(encoder: Encoder, path: Path, n_layers: int | None, dims, layers, card: str | None) -> None:
+    "export_model's files, written into the new folder `path`."
+    enc = encoder.truncated(n_layers) if n_layers is not None else encoder
+    path.mkdir(parents=True)
     enc.model.save_pretrained(path, safe_serialization=True)
     if dims or layers:
         kept = [l for l in (layers or ()) if l <= enc.num_layers]
@@ -194,7 +223,6 @@ def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None
         (path / "2_Normalize").mkdir(exist_ok=True)
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (path / "modules.json").write_text(json.dumps(modules, indent=1))
-    return path
 
 # %% ../nbs/11_checkpoint.ipynb #08c016b
 def _md(df: pd.DataFrame) -> str:

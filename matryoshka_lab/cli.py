@@ -260,16 +260,15 @@ def _data_notes(args, tasks: list[str]) -> None:
         print(f"note: {task} {what}: these scores are of the data as it is now", file=sys.stderr)
 
 def _eval(args) -> None:
-    from matryoshka_lab.runs import RunLock
+    from matryoshka_lab.runs import RunLock, enclosing_run
     _eval_defaults(args)
     args.columns = parse_columns(args.columns)
     out = check_out_file(args.out)   # before the encoding, not after
-    own = Path(args.run_dir) / "grid.csv" if args.run_dir is not None else None
-    if own is not None and own.is_file() and out.resolve() == own.resolve():
-        raise ValueError(f"{own} is the run's own evaluation (its model card's table): give another --out, or none "
-                         f"(the default {Path(args.run_dir) / 'eval' / 'grid.csv'} is kept beside it)")
-    inside = args.run_dir is not None and out.resolve().is_relative_to(Path(args.run_dir).resolve())
-    with RunLock(args.run_dir) if inside else contextlib.nullcontext():   # a run directory's grid.csv: its one writer
+    run = enclosing_run(out)         # a file inside a run directory (RUN_DIR given or not): written as its one writer
+    if run is not None and out.resolve() == run / "grid.csv":
+        raise ValueError(f"{out} is the run's own evaluation (its model card's table): give another --out, or none "
+                         f"with the run directory (`eval RUN_DIR` writes RUN_DIR/eval/grid.csv beside it)")
+    with RunLock(run) if run is not None else contextlib.nullcontext():
         _evaluate_to(args, out)
 
 def _evaluate_to(args, out: Path) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -178,6 +179,9 @@ def load_hf(name: str | Path = EMBEDDED, attn_implementation: str | None = None,
                 raise
             tokenizer = AutoTokenizer.from_pretrained(target)
             model = AutoModel.from_pretrained(target, **kwargs)
+    except SafetensorError as err:                       # a weights file cut short (a kill mid-write) or garbled
+        raise ModelNotAvailableError(f"the model folder {target!r} is damaged: its weights do not read ({err}); "
+                                     "export or download it again") from err
     except OSError as err:
         if is_local:
             raise ModelNotAvailableError(f"could not load the model folder {target!r}: {err}") from err

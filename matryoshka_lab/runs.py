@@ -25,7 +25,7 @@ except ImportError:               # pragma: no cover - Windows
 
 # %% auto #0
 __all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'parse_record', 'array_dir', 'array_file', 'array_steps', 'write_atomic', 'write_json',
-           'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'parse_metrics', 'Run', 'read_run']
+           'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'enclosing_run', 'parse_metrics', 'Run', 'read_run']
 
 # %% ../nbs/06_runs.ipynb #07c005b
 def parse_record(line: bytes | str) -> tuple | None:
@@ -215,6 +215,13 @@ def run_holder(run_dir: str | Path) -> str | None:
         return _describe(os.pread(fd, 4096, 0))
     finally:
         os.close(fd)
+
+def enclosing_run(path: str | Path) -> Path | None:
+    "The run directory a path lies in: its nearest folder above holding a run's lock file or metrics.jsonl; None."
+    for folder in Path(path).resolve().parents:
+        if (folder / LOCK_NAME).is_file() or (folder / "metrics.jsonl").is_file():
+            return folder
+    return None
 
 # %% ../nbs/06_runs.ipynb #07c008
 def parse_metrics(text: str) -> pd.DataFrame:

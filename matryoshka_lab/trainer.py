@@ -55,7 +55,15 @@ def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> li
         except ValueError as err:
             value = getattr(cfg, key)
             raise ValueError(f"{key} {list(value) if isinstance(value, tuple) else value!r}: {err}") from None
-    return [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
+    from matryoshka_lab.eval import task_texts
+    tasks = [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
+    for t in tasks:                  # a task with nothing to score (unlabelled sentences) fails now, not after training
+        try:
+            task_texts(t)
+        except ValueError as err:
+            raise ValueError(f"eval_tasks: {err} (evaluation scores STS, classification, pair, hierarchy and retrieval "
+                             "tasks)") from None
+    return tasks
 
 class EvalCallback(Callback):
     "Evaluate the layer x dim grid every `every` steps (0: at the end only); log it and write grid.csv."

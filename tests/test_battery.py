@@ -1,11 +1,13 @@
 """Issue 59's reliability battery: each defect it found, re-run as it was found (real processes where it says so),
 against the fix. Each test failed on the code before the fix."""
+import os
 import subprocess
+import sys
 
 import pytest
 import torch
 
-from test_run_dirs import last_error, tiny_sets, train
+from test_run_dirs import MRL, last_error, tiny_sets, train
 
 
 def run(*args, timeout=600, **kw):
@@ -47,3 +49,59 @@ def test_16_messages_name_the_setting_the_line_and_the_file(tiny_model_dir, tmp_
               "--out", str(tmp_path / "g.csv"), "--no-progress")
     assert res.returncode == 0 and "note: precisions binary+rescore apply to retrieval tasks, and none of these is one" \
         in res.stderr, res.stderr[-2000:]
+
+
+def test_14_an_eval_task_with_nothing_to_score_is_refused_before_step_1(tiny_model_dir, tmp_path, data_dir):
+    res = train(tmp_path / "run", *tiny_sets(tiny_model_dir, "max_steps=2", "eval_every=0", "eval_tasks=[wiki_sents]"),
+                env={**os.environ, "MATRYOSHKA_LAB_DATA": str(data_dir)})
+    assert last_error(res) == "error: eval_tasks: task 'wiki_sents' of kind 'sentences' has nothing to evaluate " \
+                              "(evaluation scores STS, classification, pair, hierarchy and retrieval tasks)", res.stderr[-2000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def cli_with(patch: str, argv: list, **kw):
+    "The CLI in a fresh process after `patch` (python run first: an injected failure), as `matryoshka-lab ARGV` would run."
+    code = f"import sys\n{patch}\nfrom matryoshka_lab.cli import main\nsys.exit(main({argv!r}))\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, **kw)
+
+
+FULL_TORCH_SAVE = '''import torch
+def full(*a, **k):
+    raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4416 vs 4312")
+torch.save = full'''
+FULL_SAFETENSORS = '''import transformers.modeling_utils as mu
+from safetensors import SafetensorError
+fits = mu.safe_save_file
+def full(tensors, filename, *a, **k):
+    if "checkpoints" in str(filename):                   # the disk fills after the last checkpoint, at the export
+        return fits(tensors, filename, *a, **k)
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+mu.safe_save_file = full'''
+
+
+def test_8_a_full_disk_is_one_error_line_and_leaves_no_half_written_folder(tiny_model_dir, tmp_path):
+    "torch.save and safetensors report a full disk as RuntimeError and SafetensorError (a 4 MB tmpfs), injected here."
+    argv = ["train", str(MRL), "--no-progress", "--set", f"run_dir={tmp_path / 'a'}",
+            *sum((["--set", s] for s in tiny_sets(tiny_model_dir, "max_steps=2", "checkpoint_every=1")), [])]
+    res = cli_with(FULL_TORCH_SAVE, argv)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1] == f"error: [Errno 5] writing checkpoint step 1 in '{tmp_path / 'a' / 'checkpoints'}' " \
+        "failed (RuntimeError: [enforce fail at inline_container.cc:664] . unexpected pos 4416 vs 4312; a full disk?); " \
+        "the earlier checkpoints are untouched"
+    assert list((tmp_path / "a" / "checkpoints").iterdir()) == []                    # no .tmp_step_* left behind
+    argv = [a.replace(str(tmp_path / "a"), str(tmp_path / "b")) for a in argv[:-2]] + ["--set", "checkpoint_every=0"]
+    res = cli_with(FULL_SAFETENSORS, argv)                                          # the export at the end
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: [Errno 5] writing the model folder '{tmp_path / 'b' / 'model'}' "
+                                                          "failed (SafetensorError: Error while serializing")
+    assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.startswith(("model", ".model"))) == []
+
+
+def test_11_a_damaged_model_folder_is_one_error_line(tiny_model_dir, tmp_path):
+    res = train(tmp_path / "run", *tiny_sets(tiny_model_dir, "max_steps=2", "eval_tasks=[builtin_sts]"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    weights = tmp_path / "run" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])                                # a kill mid-write, as it was
+    res = run("eval", str(tmp_path / "run"), "--no-progress")
+    assert last_error(res).startswith(f"error: the model folder '{tmp_path / 'run' / 'model'}' is damaged: its weights "
+                                      "do not read (Error while deserializing header"), res.stderr[-2000:]

@@ -69,6 +69,11 @@ def test_a_second_writer_is_refused_and_the_first_run_is_intact(tiny_model_dir, 
     res = subprocess.run(["matryoshka-lab", "eval", str(run_dir), "--no-progress"], capture_output=True, text=True,
                          timeout=300)   # eval RUN_DIR writes in the run directory (eval/grid.csv) only as its one writer
     assert last_error(res).startswith(f"error: run directory '{run_dir}' is in use by process {first.pid}")
+    for out, message in ((run_dir / "grid.csv", f"error: {run_dir / 'grid.csv'} is the run's own evaluation"),   # issue 59, 2:
+                         (run_dir / "other.csv", f"error: run directory '{run_dir}' is in use by process {first.pid}")):
+        res = subprocess.run(["matryoshka-lab", "eval", "--model", str(tiny_model_dir), "--tasks", "builtin_sts", "--out",
+                              str(out), "--no-progress"], capture_output=True, text=True, timeout=300)
+        assert last_error(res).startswith(message) and not out.exists()   # a file in a run directory, RUN_DIR named or not
     with pytest.raises(RunInUse, match=f"is in use by process {first.pid}"):
         launch(make_config({"run_dir": str(run_dir)}, sets))
     assert not (run_dir / "launch.yaml").exists()   # refused before writing anything
