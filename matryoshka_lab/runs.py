@@ -24,8 +24,9 @@ except ImportError:               # pragma: no cover - Windows
     fcntl = None
 
 # %% auto #0
-__all__ = ['METRIC_COLUMNS', 'LOCK_NAME', 'parse_record', 'array_dir', 'array_file', 'array_steps', 'write_atomic', 'write_json',
-           'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'enclosing_run', 'parse_metrics', 'Run', 'read_run']
+__all__ = ['METRIC_COLUMNS', 'RUN_FILES', 'LOCK_NAME', 'parse_record', 'array_dir', 'array_file', 'array_steps', 'write_atomic',
+           'write_json', 'check_run_files', 'RunLog', 'RunInUse', 'RunLock', 'run_holder', 'enclosing_run',
+           'parse_metrics', 'Run', 'read_run']
 
 # %% ../nbs/06_runs.ipynb #07c005b
 def parse_record(line: bytes | str) -> tuple | None:
@@ -74,6 +75,16 @@ def write_json(path: str | Path, record: dict, allow_nan: bool = True) -> Path:
 
 # %% ../nbs/06_runs.ipynb #07c006
 METRIC_COLUMNS = ["step", "time", "split", "name", "value"]
+RUN_FILES = ("config.json", "metrics.jsonl", "data.json", "data_used.json", "grid.csv")   # a run's records
+
+def check_run_files(run_dir: str | Path) -> None:
+    "Refuse (ValueError) a run directory whose record files are there but are not regular files (a FIFO, a device, a dangling link): opening one to read or append could wait forever."
+    for name in RUN_FILES:
+        p = Path(run_dir) / name
+        if (p.exists() or p.is_symlink()) and not p.is_file():
+            what = "a FIFO" if p.is_fifo() else "a dangling link" if not p.exists() else "not a regular file"
+            raise ValueError(f"{str(p)!r} is {what}: a run directory's records must be regular files; "
+                             "remove it, or use another run directory")
 
 class RunLog:
     "The one writer of a run directory: config.json once, metrics.jsonl appended and flushed, arrays/ snapshots."
@@ -81,6 +92,7 @@ class RunLog:
                  keep_until: int | None = None):   # a restart from step N: records and snapshots after N (a dead attempt's) are dropped
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        check_run_files(self.dir)
         self.t0 = time.time() if start_time is None else start_time
         if config is not None:
             write_atomic(self.dir / "config.json", json.dumps(config, indent=1, sort_keys=True, default=str))
@@ -253,6 +265,7 @@ def read_run(run_dir: str | Path) -> Run:
     path = Path(run_dir)
     if not path.is_dir():
         raise ValueError(f"run directory {str(path)!r} does not exist")
+    check_run_files(path)
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -30,7 +30,7 @@ from .encoder import Encoder
 from .losses import read_floats
 from .methods import BatchDraw, Callback, CancelFit, TrainData, get_method
 from .recipe import check_negatives, load_encoder, make_loss, training_data
-from .runs import RunLock, RunLog, write_atomic, write_json
+from .runs import RunLock, RunLog, check_run_files, write_atomic, write_json
 from .views import CachedViews, method_views
 
 # %% auto #0
@@ -88,8 +88,16 @@ class EvalCallback(Callback):
             trainer.log.log(trainer.step, f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}", r.value, split="eval")
         write_atomic(Path(cfg.run_dir) / "grid.csv", df.to_csv(index=False))
         trainer.encoder.train()
+    def _due(self, trainer) -> bool:
+        return self.every > 0 and trainer.step % self.every == 0 and trainer.step < trainer.config.max_steps
+    def before_fit(self, trainer):       # resumed at a step whose evaluation a kill cut short: make it now
+        if trainer.step and self._due(trainer) and trainer.dist.main:
+            from matryoshka_lab.runs import read_run
+            m = read_run(trainer.config.run_dir).metrics
+            if not ((m.split == "eval") & (m.step == trainer.step)).any():
+                self._run(trainer)
     def after_step(self, trainer):
-        if self.every > 0 and trainer.step % self.every == 0 and trainer.step < trainer.config.max_steps:
+        if self._due(trainer):
             self._run(trainer)
     def after_fit(self, trainer):
         self._run(trainer)
@@ -428,6 +436,7 @@ def check_run_dir(run_dir: str | Path, cfg: TrainConfig, texts: str | None = Non
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"run_dir {str(path)!r} is a file, not a directory")
+    check_run_files(path)                        # (before anything reads them: a FIFO would block the read)
     changed = config_changes(path, cfg)
     if changed:
         raise ValueError(f"run directory {str(path)!r} holds a run with a different config ({', '.join(changed)}); "

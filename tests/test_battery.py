@@ -3,10 +3,12 @@ against the fix. Each test failed on the code before the fix."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
+from matryoshka_lab.runs import parse_record, read_run
 from test_run_dirs import MRL, last_error, tiny_sets, train
 
 
@@ -105,3 +107,38 @@ def test_11_a_damaged_model_folder_is_one_error_line(tiny_model_dir, tmp_path):
     res = run("eval", str(tmp_path / "run"), "--no-progress")
     assert last_error(res).startswith(f"error: the model folder '{tmp_path / 'run' / 'model'}' is damaged: its weights "
                                       "do not read (Error while deserializing header"), res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.json"])
+def test_7_a_fifo_among_a_runs_records_is_refused_not_waited_on(name, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    res = train(run_dir, *tiny_sets(tiny_model_dir, "max_steps=2", "eval_tasks=[builtin_sts]"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run_dir / name).unlink()
+    os.mkfifo(run_dir / name)
+    message = f"error: '{run_dir / name}' is a FIFO: a run directory's records must be regular files; "
+    res = train(run_dir, *tiny_sets(tiny_model_dir, "max_steps=4", "eval_tasks=[builtin_sts]"))   # a resume
+    assert last_error(res).startswith(message), res.stderr[-2000:]
+    res = run("eval", str(run_dir), "--no-progress", timeout=120)
+    assert last_error(res).startswith(message), res.stderr[-2000:]
+
+
+def test_4_a_run_killed_during_an_evaluation_makes_it_when_resumed(tiny_model_dir, tmp_path):
+    "Killed once checkpoint 4 is written, while step 4 is evaluated (its eval records, if the kill came late, removed):"
+    "the resumed run evaluates step 4 before step 5, then step 8."
+    run_dir = tmp_path / "run"
+    sets = tiny_sets(tiny_model_dir, "max_steps=8", "checkpoint_every=4", "eval_every=4", "eval_tasks=[builtin_sts]")
+    cmd = ["matryoshka-lab", "train", str(MRL), "--no-progress", "--set", f"run_dir={run_dir}", *sum((["--set", s] for s in sets), [])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (run_dir / "checkpoints" / "step_0000004").is_dir():
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert (run_dir / "checkpoints" / "step_0000004").is_dir()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join(l for l in lines if not (parse_record(l) or (0, 0, ""))[2] == "eval"))
+    res = train(run_dir, *sets)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m = read_run(run_dir).metrics
+    assert sorted(set(m[m.split == "eval"].step)) == [4, 8]
