@@ -10,17 +10,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from .config import TrainConfig, load_config, make_config
-from .runs import RunInUse, read_run, run_holder
+from .runs import RunInUse, RunLock, read_run, run_holder
 from .trainer import check_run_dir
 
 # %% auto #0
-__all__ = ['Launched', 'launch']
+__all__ = ['LAUNCH_LOCK', 'Launched', 'launch']
 
 # %% ../nbs/13_launch.ipynb #13l005
 @dataclass
@@ -51,21 +52,28 @@ class Launched:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait()
 
+LAUNCH_LOCK = ".launch.lock"     # held by launch() until the run it starts holds the run directory's lock
+
 def launch(config: TrainConfig | str | Path, overrides: list[str] | tuple = (), nproc: int = 1,
            progress: bool = False) -> Launched:
-    "Start `matryoshka-lab train` on config (a TrainConfig or a YAML path, plus overrides) in the background."
+    "Start `matryoshka-lab train` on config (a TrainConfig or a YAML path, plus overrides) in the background; returns once the run holds its directory (or has ended)."
     cfg = make_config(config.to_dict(), overrides) if isinstance(config, TrainConfig) else load_config(config, overrides)
     run_dir = Path(cfg.run_dir)
     holder = run_holder(run_dir)          # refused here, before launch.yaml or train.log is touched
     if holder is not None:
         raise RunInUse.by(run_dir, holder)
     check_run_dir(run_dir, cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = run_dir / "launch.yaml"
-    spec.write_text(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict(), default=str)), sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "matryoshka_lab.cli", "train", str(spec), "--nproc", str(nproc)]
-    log_path = run_dir / "train.log"
-    with open(log_path, "a", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd + ([] if progress else ["--no-progress"]), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)   # its own process group: stop() reaches torchrun's workers
+    with RunLock(run_dir, LAUNCH_LOCK):   # a second launch() meanwhile is refused, not racing on launch.yaml
+        holder = run_holder(run_dir)      # (one that came before this lock: its run holds the directory by now)
+        if holder is not None:
+            raise RunInUse.by(run_dir, holder)
+        spec = run_dir / "launch.yaml"
+        spec.write_text(yaml.safe_dump(json.loads(json.dumps(cfg.to_dict(), default=str)), sort_keys=False), encoding="utf-8")
+        cmd = [sys.executable, "-m", "matryoshka_lab.cli", "train", str(spec), "--nproc", str(nproc)]
+        log_path = run_dir / "train.log"
+        with open(log_path, "a", encoding="utf-8") as log:
+            proc = subprocess.Popen(cmd + ([] if progress else ["--no-progress"]), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)   # its own process group: stop() reaches torchrun's workers
+        while proc.poll() is None and run_holder(run_dir) is None:   # until it holds the directory: then it is its writer
+            time.sleep(0.05)
     return Launched(proc, run_dir, log_path)

@@ -154,9 +154,9 @@ class RunInUse(ValueError):
         return cls(f"run directory {str(run_dir)!r} is in use by {holder}; wait for it to end, stop it, or use another run_dir")
 
 class RunLock:
-    "The one-writer lock of a run directory (an flock on RUN/.lock, released by the kernel when its process ends)."
-    def __init__(self, run_dir: str | Path):
-        self.dir = Path(run_dir)
+    "The one-writer lock of a run directory (an flock on RUN/.lock, released by the kernel when its process ends); `name`: another lock file of the directory (launch's `.launch.lock`)."
+    def __init__(self, run_dir: str | Path, name: str = LOCK_NAME):
+        self.dir, self.name = Path(run_dir), name
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
@@ -164,7 +164,7 @@ class RunLock:
         if fcntl is None:
             raise OSError("run directory locks need POSIX fcntl (Linux, macOS)")
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.dir / self.name, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -214,9 +214,9 @@ def _describe(raw: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         return "another process"
 
-def run_holder(run_dir: str | Path) -> str | None:
-    "Who holds the run directory's lock, or None when nobody does (a probe: takes and drops the lock)."
-    path = Path(run_dir) / LOCK_NAME
+def run_holder(run_dir: str | Path, name: str = LOCK_NAME) -> str | None:
+    "Who holds the run directory's lock (or its lock file `name`), or None when nobody does (a probe: takes and drops the lock)."
+    path = Path(run_dir) / name
     if fcntl is None or not path.is_file():
         return None
     fd = os.open(path, os.O_RDONLY)

@@ -142,3 +142,23 @@ def test_4_a_run_killed_during_an_evaluation_makes_it_when_resumed(tiny_model_di
     assert res.returncode == 0, res.stderr[-3000:]
     m = read_run(run_dir).metrics
     assert sorted(set(m[m.split == "eval"].step)) == [4, 8]
+
+
+def test_1_two_launches_of_one_new_run_directory_at_once_start_one_run(tiny_model_dir, tmp_path):
+    "The second is refused (RunInUse) and touches nothing; the one started trains its own config to the end."
+    from concurrent.futures import ThreadPoolExecutor
+    from matryoshka_lab.config import make_config
+    from matryoshka_lab.launch import launch
+    from matryoshka_lab.runs import RunInUse
+    run_dir = tmp_path / "run"
+    cfgs = [make_config({"run_dir": str(run_dir)}, tiny_sets(tiny_model_dir, "max_steps=4", f"lr={lr}")) for lr in (3e-5, 1e-3)]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(launch, cfg) for cfg in cfgs]
+    outcomes = [f.exception() or f.result() for f in futures]
+    refused = [o for o in outcomes if isinstance(o, RunInUse)]
+    started = [(o, cfg) for o, cfg in zip(outcomes, cfgs) if not isinstance(o, BaseException)]
+    assert len(refused) == 1 and len(started) == 1, outcomes
+    job, cfg = started[0]
+    job.wait(300)
+    assert read_run(run_dir).config["lr"] == cfg.lr
+    assert sorted(read_run(run_dir).metrics.query("name == 'loss'").step) == [1, 2, 3, 4]
