@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -293,11 +293,29 @@ def _evaluate_to(args, out: Path) -> None:
     print(f"\nWrote {len(df)} rows to {out}")
 
 def _torchrun(args) -> int:
-    "Run this same command in args.nproc processes under torchrun on this machine; its exit status."
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "-m", "matryoshka_lab.cli", "train", args.config, *sum((["--set", s] for s in args.overrides), []),
-           *(["--data-dir", args.data_dir] if args.data_dir else [])]
-    return subprocess.call(cmd + (["--no-progress"] if args.no_progress else []))
+    "Run this same command in args.nproc processes on this machine, under torchrun's agent run in this process (a signal to it stops the workers); its exit status, a failure told in one line."
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+    argv = ["--standalone", f"--nproc-per-node={args.nproc}", "-m", "matryoshka_lab.cli", "train", args.config,
+            *sum((["--set", s] for s in args.overrides), []), *(["--data-dir", args.data_dir] if args.data_dir else []),
+            *(["--no-progress"] if args.no_progress else [])]
+    quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api")   # its "failed (exitcode: 2)": told below
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as err:        # the main process (rank 0) has said why in its error line
+        rank = min(err.failures)
+        code = err.failures[rank].exitcode
+        if rank != 0:
+            print(f"error: training process {rank} of {args.nproc} failed (exit status {code})", file=sys.stderr)
+        return code if code > 0 else 128 - code
+    except SignalException as err:         # stopped (SIGTERM, SIGINT): the agent has stopped the workers
+        return 128 + int(err.sigval)
+    finally:
+        quiet.setLevel(level)
+    return 0
 
 def _train(args) -> int:
     from matryoshka_lab.config import load_config
@@ -359,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             print("or a path to your own data: a CSV / JSONL / Parquet file, a folder of train.* and test.* files, a BEIR "
                   "folder or a datasets folder; its kind from its columns (nbs/03_data.ipynb)")
     except (ValueError, FloatingPointError, OSError) as err:  # bad arguments or data, a diverged run, a full disk: one line
-        print(f"error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":   # under torchrun the main process says it, once
+            print(f"error: {err}", file=sys.stderr)
         return 2
     return rc
 

@@ -1,6 +1,7 @@
 """Issue 59's reliability battery: each defect it found, re-run as it was found (real processes where it says so),
 against the fix. Each test failed on the code before the fix."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -8,8 +9,8 @@ import time
 import pytest
 import torch
 
-from matryoshka_lab.runs import parse_record, read_run
-from test_run_dirs import MRL, last_error, tiny_sets, train
+from matryoshka_lab.runs import parse_record, read_run, run_holder
+from test_run_dirs import MRL, last_error, loss_lines, tiny_sets, train
 
 
 def run(*args, timeout=600, **kw):
@@ -162,3 +163,32 @@ def test_1_two_launches_of_one_new_run_directory_at_once_start_one_run(tiny_mode
     job.wait(300)
     assert read_run(run_dir).config["lr"] == cfg.lr
     assert sorted(read_run(run_dir).metrics.query("name == 'loss'").step) == [1, 2, 3, 4]
+
+
+def loss_steps(run_dir) -> int:
+    return len(loss_lines(run_dir)) if (run_dir / "metrics.jsonl").is_file() else 0
+
+
+def test_9_an_error_in_a_two_process_job_is_one_error_line(tiny_model_dir, tmp_path):
+    sets = tiny_sets(tiny_model_dir, "max_steps=2", "dims=[1000]", "eval_every=0", "eval_tasks=[builtin_intents]")
+    res = run("train", str(MRL), "--nproc", "2", "--no-progress", "--set", f"run_dir={tmp_path / 'run'}",
+              *sum((["--set", s] for s in sets), []))
+    errors = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert errors == ["error: dims [1000]: dim 1000 exceeds the model's hidden size 32"], res.stderr[-3000:]
+    assert last_error(res) == errors[0] and "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr
+
+
+def test_12_sigterm_to_a_two_process_train_stops_its_workers_and_frees_the_run(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    sets = tiny_sets(tiny_model_dir, "max_steps=100000", "log_every=1")
+    proc = subprocess.Popen(["matryoshka-lab", "train", str(MRL), "--nproc", "2", "--no-progress", "--set", f"run_dir={run_dir}",
+                             *sum((["--set", s] for s in sets), [])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not loss_steps(run_dir):
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 128 + signal.SIGTERM
+    before = loss_steps(run_dir)
+    time.sleep(3)
+    assert loss_steps(run_dir) == before and run_holder(run_dir) is None      # nobody trains on, nobody holds it
