@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,8 +82,8 @@ TRAINING_ARGS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "a
                  "optim_args", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_ratio", "warmup_steps", "num_train_epochs",
                  "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "data_seed", "bf16", "fp16")
 
-def check_watch_dir(run_dir: str | Path, config: dict, step: int) -> None:
-    "Refuse (ValueError) a run directory holding another run than `config` starting at `step`: another model, loss or training arguments (RUN_IDENTITY, TRAINING_ARGS), records without a config.json, or a finished run started again at step 0."
+def check_watch_dir(run_dir: str | Path, config: dict, step: int, retry: bool = False) -> None:
+    "Refuse (ValueError) a run directory holding another run than `config` starting at `step`: another model, loss or training arguments (RUN_IDENTITY, TRAINING_ARGS), records without a config.json, or a run with records past step 0 (finished or not) started again at step 0 (`retry`: a run this process started and that failed, run again: a warning)."
     path = Path(run_dir)
     if not path.is_dir():
         return
@@ -102,6 +103,12 @@ def check_watch_dir(run_dir: str | Path, config: dict, step: int) -> None:
     if step == 0 and last >= config["max_steps"]:
         raise ValueError(f"run directory {str(path)!r} holds a finished run (records up to step {last} of "
                          f"{config['max_steps']}); use another run_dir, or resume from one of its checkpoints")
+    if step == 0 and last > 0:          # started again without resume_from_checkpoint: it drops steps 1..last
+        if not retry:
+            raise ValueError(f"run directory {str(path)!r} holds a run trained to step {last} of {config['max_steps']}; "
+                             "resume it (trainer.train(resume_from_checkpoint=True)) or use another run_dir")
+        warnings.warn(f"run directory {str(path)!r}: the records of steps 1..{last} of the attempt that failed in this "
+                      "process are replaced by this run's", stacklevel=2)
 
 class RunDirectoryCallback(TrainerCallback):
     "A matryoshka_lab run directory written while a Hugging Face or sentence-transformers trainer trains: config, metrics, the layer x dim grid at each evaluation, diagnostics within a time budget."
@@ -127,6 +134,7 @@ class RunDirectoryCallback(TrainerCallback):
         self.clock = TimeBudget(diagnostics_budget) if diagnostics_budget is not None else None
         self.trainer = self.encoder = self.log = self.lock = self.probe = None
         self.graded = self.measured = self._started = None
+        self._parts: list[dict] = []                        # the loss's parts of this step's micro-batches so far
         self._reporting, self.main = False, True
 
     # the trainer's events
@@ -148,7 +156,7 @@ class RunDirectoryCallback(TrainerCallback):
         self.lock = RunLock(self.run_dir).acquire()
         try:
             config = self.config(args, state)
-            check_watch_dir(self.run_dir, config, state.global_step)
+            check_watch_dir(self.run_dir, config, state.global_step, retry=stale is not None)
             self.log = RunLog(self.run_dir, config, keep_until=state.global_step)
         except BaseException:
             self.lock.release()
@@ -164,15 +172,27 @@ class RunDirectoryCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._started = time.perf_counter()
 
+    def _collect_parts(self) -> None:
+        "Our loss's parts of the micro-batch just done."
+        loss = getattr(self.trainer, "loss", None)
+        if isinstance(loss, MatryoshkaLabLoss) and loss.last is not None:
+            self._parts.append({k: v for k, v in loss.last.floats().items() if k != "total"})
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        "A micro-batch of gradient accumulation done (not the step's last): its loss's parts, for the step's mean."
+        if self.main:
+            self._collect_parts()
+
     def on_step_end(self, args, state, control, **kwargs):
-        "The loss's parts (ours), the grid every `every` steps, diagnostics when the budget allows."
+        "The loss's parts (ours; the mean over the step's micro-batches, as the trainer's loss), the grid every `every` steps, diagnostics when the budget allows."
         if not self.main:
             return
         if self.clock is not None and self._started is not None:
             self.clock.trained += time.perf_counter() - self._started
-        loss = getattr(self.trainer, "loss", None)
-        if isinstance(loss, MatryoshkaLabLoss) and loss.last is not None:
-            self.log.log_many(state.global_step, {k: v for k, v in loss.last.floats().items() if k != "total"})
+        self._collect_parts()
+        if self._parts:
+            self.log.log_many(state.global_step, {k: sum(p[k] for p in self._parts) / len(self._parts) for k in self._parts[0]})
+            self._parts.clear()
         if self.every and state.global_step % self.every == 0:
             self.grade(state.global_step)
         if self.clock is not None and self.clock.allows(reserve=1):   # room left for the end's

@@ -77,6 +77,11 @@ def test_killed_run_stays_readable_and_resumes_in_the_same_directory(tmp_path, t
     saved = max(int(p.name.split("-")[1]) for p in out_dir.glob("checkpoint-*"))
     assert saved in (4, 8) and saved <= died_at
 
+    before = (run_dir / "metrics.jsonl").read_bytes()               # started again from step 0 (issue 59, 3): refused,
+    res = subprocess.run(cmd("fresh"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and f"holds a run trained to step {died_at}" in res.stderr, res.stderr[-3000:]
+    assert (run_dir / "metrics.jsonl").read_bytes() == before                 # its records untouched
+
     res = subprocess.run(cmd("resume"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     records = raw_records(run_dir)
