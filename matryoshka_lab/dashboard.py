@@ -300,7 +300,7 @@ def compare_frame(stores: dict[str, MetricStore],   # run name -> its MetricsTai
     return out
 
 # %% ../nbs/23_dashboard.ipynb #19c028b
-GRID_NAME = re.compile(r"^(?P<task>.+)/L(?P<layer>\d+)/d(?P<dim>\d+)/(?P<metric>[^/]+)$")   # TASK/L{l}/d{d}/METRIC
+GRID_NAME = re.compile(r"^(?P<task>.+)/L(?P<layer>\d{1,9})/d(?P<dim>\d{1,9})/(?P<metric>[^/]+)$")   # TASK/L{l}/d{d}/METRIC
 
 def eval_grids(frame: pd.DataFrame) -> pd.DataFrame:
     "The TASK/L{l}/d{d}/METRIC records of a MetricsTail.frame() outside the train split, as (step, task, layer, dim, metric, value)."

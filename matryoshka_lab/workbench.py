@@ -173,14 +173,19 @@ def find_grids(root: Path) -> dict[str, Path]:
 GRID_BYTES = 64 << 20   # the largest grid.csv read
 
 def read_grid(path: Path, root: Path) -> pd.DataFrame:
-    "A grid CSV under root, or an empty frame with the right columns when it is missing, partial, malformed or no regular file."
+    "A grid CSV under root, its rows checked (task and metric as text, layer and dim whole numbers, value a number; a cell given twice keeps its last row), or an empty frame with the right columns when it is missing, partial, malformed or no regular file."
     try:
-        df = pd.read_csv(io.BytesIO(read_file(path, root, GRID_BYTES)))
+        df = pd.read_csv(io.BytesIO(read_file(path, root, GRID_BYTES)), dtype={"task": str, "metric": str})
     except (ValueError, pd.errors.ParserError):
         return pd.DataFrame(columns=COLUMNS)
     if list(df.columns) != COLUMNS:
         return pd.DataFrame(columns=COLUMNS)
-    return df.dropna(subset=["task", "layer", "dim", "metric"])
+    for col in ("layer", "dim", "value"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df = df.dropna(subset=["task", "layer", "dim", "metric"])
+    whole = (df.layer % 1 == 0) & (df.dim % 1 == 0) & df.layer.between(0, 1e6) & df.dim.between(1, 1e9)
+    df = df[whole].astype({"layer": int, "dim": int})
+    return df.drop_duplicates(["task", "layer", "dim", "metric"], keep="last").reset_index(drop=True)
 
 # %% ../nbs/24_workbench.ipynb #20c015
 class GridPicker:

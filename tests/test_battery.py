@@ -192,3 +192,26 @@ def test_12_sigterm_to_a_two_process_train_stops_its_workers_and_frees_the_run(t
     before = loss_steps(run_dir)
     time.sleep(3)
     assert loss_steps(run_dir) == before and run_holder(run_dir) is None      # nobody trains on, nobody holds it
+
+
+def test_13_a_malformed_grid_or_a_huge_layer_number_blanks_no_page(tmp_path):
+    "A grid.csv with a cell twice or a numeric metric column, and a record named with a 20-digit layer: every page draws."
+    import json
+    from matryoshka_lab.workbench import build_app, read_grid
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.json").write_text('{"method": "mrl"}')
+    with open(run / "metrics.jsonl", "w") as f:
+        for s in range(1, 4):
+            f.write(json.dumps({"step": s, "time": s, "split": "train", "name": "loss", "value": 1 / s}) + "\n")
+            f.write(json.dumps({"step": s, "time": s, "split": "eval", "name": "stsb/L6/d16/spearman", "value": 50 + s}) + "\n")
+        f.write(json.dumps({"step": 3, "time": 3, "split": "eval", "name": "stsb/L99999999999999999999/d16/spearman",
+                            "value": 1}) + "\n")
+    (tmp_path / "bad").mkdir()
+    for rows, want in (("stsb,6,16,spearman,1\nstsb,6,16,spearman,2\n", [("stsb", 6, 16, "spearman", 2.0)]),
+                       ("stsb,6,16,1,1\nstsb,6,32,2,2\n", [("stsb", 6, 16, "1", 1.0), ("stsb", 6, 32, "2", 2.0)])):
+        (tmp_path / "bad" / "grid.csv").write_text("task,layer,dim,metric,value\n" + rows)
+        grid = read_grid(tmp_path / "bad" / "grid.csv", tmp_path)
+        assert list(grid.itertuples(index=False, name=None)) == want
+        wb = build_app(tmp_path, "r1")                                               # raised before
+        assert wb.tail is not None and "bad/grid.csv" in wb.grid_views[0].picker.grids
