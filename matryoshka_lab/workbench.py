@@ -30,9 +30,9 @@ from .plots import grid_table, headline, plot_grid
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'BAR_KINDS', 'BARS_PER_KIND', 'SIDEBAR', 'FIGURE_HEIGHT',
-           'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'WAIT_S', 'client_allowed', 'empty_figure', 'axis_title',
-           'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit',
-           'figure_pane', 'with_exports', 'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser',
+           'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'WAIT_S', 'COMPARE_TAB', 'client_allowed', 'empty_figure',
+           'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row',
+           'fit', 'figure_pane', 'with_exports', 'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser',
            'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin',
            'compare_bars', 'CompareMixin', 'Workbench', 'build_app', 'Served', 'jupyter_origins', 'serve_here', 'show']
 
@@ -707,11 +707,14 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
                                if len(order) > max_kinds else "")
     return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
 
+COMPARE_TAB = 2                                          # its place among the workbench's tabs
+
 class CompareMixin:
     "The Compare tab: the chosen runs' values as of one step, side by side, deltas against the first coloured by which way is better, and a metric's curves."
     def _init_compare(self) -> None:
         "The run and metric pickers, the pattern, the step, the table and figures, and what a change of each triggers."
         self._cmp_tails: dict[str, MetricsTail] = {}
+        self._compared = False                           # compare() has run: the tab was shown, or a picker changed
         self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
                                                value=self.names[:2], width=SIDEBAR)
         self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name, * for all)", value="",
@@ -730,6 +733,7 @@ class CompareMixin:
 
     def compare(self) -> None:
         "The chosen runs' metrics matching the pattern as of one step: a scrolling table with coloured deltas, and bars."
+        self._compared = True
         tails = self._compared_tails()
         pattern = self.cmp_pattern.value.strip()
         if not pattern:                                  # the eval grid at the reference run's last layer
@@ -831,7 +835,7 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         asked = self.status.object                       # a refused or awaited name, said before any run opens
         self.open_run(first)
         self.status.object = asked or self.status.object
-        self.compare()
+        self.tabs.param.watch(self._tab_shown, "active")   # Compare reads its runs when first shown, not per session
 
     def _repr_mimebundle_(self, include=None, exclude=None):   # a notebook displays the served app, else the layout
         return self.served.bundle() if self.served else self.layout._repr_mimebundle_(include, exclude)
@@ -869,6 +873,10 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                             sizing_mode="stretch_width")
         return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
                          sizing_mode="stretch_width")
+
+    def _tab_shown(self, event) -> None:
+        if event.new == COMPARE_TAB and not self._compared:
+            self.compare()
 
     def tick(self) -> None:
         "The periodic callback: open an awaited run once it starts, poll the tail, update the step pane; every few ticks re-list runs, grids and snapshots."
