@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -17,8 +18,8 @@ from pathlib import Path
 from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
-__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'demo_tasks', 'run_demo', 'build_parser', 'loss_summary',
-           'check_out_file', 'parse_columns', 'main']
+__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'WORKER_ENV', 'demo_tasks', 'run_demo', 'build_parser',
+           'loss_summary', 'check_out_file', 'parse_columns', 'main']
 
 # %% ../nbs/21_cli.ipynb #05c006
 DEMO_TASKS = ["stsb", "sickr", "clinc150"]
@@ -303,19 +304,37 @@ def _torchrun(args) -> int:
     quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api")   # its "failed (exitcode: 2)": told below
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
+    os.environ[WORKER_ENV] = "1"           # the workers leave their error line to this process (torchrun's error files)
     try:
         run(parse_args(argv))
-    except ChildFailedError as err:        # the main process (rank 0) has said why in its error line
+    except ChildFailedError as err:        # once, whichever process failed first and whichever the agent stopped
+        told = sorted((f.timestamp, r, f.message) for r, f in err.failures.items() if f.error_file_data.get(WORKER_ENV))
+        if told:                           # (its status is 2; the agent may have stopped it before it exited)
+            print(f"error: {told[0][2]}", file=sys.stderr)
+            return 2
         rank = min(err.failures)
         code = err.failures[rank].exitcode
-        if rank != 0:
-            print(f"error: training process {rank} of {args.nproc} failed (exit status {code})", file=sys.stderr)
+        print(f"error: training process {rank} of {args.nproc} failed (exit status {code})", file=sys.stderr)
         return code if code > 0 else 128 - code
     except SignalException as err:         # stopped (SIGTERM, SIGINT): the agent has stopped the workers
         return 128 + int(err.sigval)
     finally:
         quiet.setLevel(level)
+        os.environ.pop(WORKER_ENV, None)
     return 0
+
+WORKER_ENV = "MATRYOSHKA_LAB_TORCHRUN"    # set for the workers of train --nproc
+
+def _error_line(err: BaseException) -> None:
+    "The one error: line on stderr, or, in a worker of train --nproc, its message in torchrun's error file for the launching process to say."
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE") if os.environ.get(WORKER_ENV) else None
+    if path:
+        try:
+            Path(path).write_text(json.dumps({"message": str(err), "timestamp": int(time.time()), WORKER_ENV: True}))
+            return
+        except OSError:
+            pass
+    print(f"error: {err}", file=sys.stderr)
 
 def _train(args) -> int:
     from matryoshka_lab.config import load_config
@@ -377,8 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             print("or a path to your own data: a CSV / JSONL / Parquet file, a folder of train.* and test.* files, a BEIR "
                   "folder or a datasets folder; its kind from its columns (nbs/03_data.ipynb)")
     except (ValueError, FloatingPointError, OSError) as err:  # bad arguments or data, a diverged run, a full disk: one line
-        if os.environ.get("RANK", "0") == "0":   # under torchrun the main process says it, once
-            print(f"error: {err}", file=sys.stderr)
+        _error_line(err)
         return 2
     return rc
 

@@ -1,4 +1,6 @@
 """Evaluation engine: every cell against an independent per-cell computation, and MTEB's published numbers."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -105,9 +107,12 @@ def test_retrieval_cells_match_naive(enc, tokenizer):
 
 def test_each_text_is_encoded_once(enc):
     a = load_task("builtin_sts")
-    res = evaluate(enc, [a, a], layers=[3], dims=[8], progress=False)
+    b = dataclasses.replace(a, spec=dataclasses.replace(a.spec, name="builtin_sts_again"))   # another task, the same texts
+    res = evaluate(enc, [a, b], layers=[3], dims=[8], progress=False)
     assert res.attrs["n_texts"] == len(set(a.test.sentence1 + a.test.sentence2))
     assert len(res) == 2
+    with pytest.raises(ValueError, match="task 'builtin_sts' is listed twice"):       # one task twice: refused
+        evaluate(enc, [a, a], layers=[3], dims=[8], progress=False)
 
 
 def test_argument_errors(enc):
