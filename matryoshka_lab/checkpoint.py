@@ -183,7 +183,7 @@ def export_model(encoder: Encoder, path: str | Path, n_layers: int | None = None
         _write_model(encoder, tmp, n_layers, dims, layers, card)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, WRITE_ERRORS) and not isinstance(err, ValueError):
+        if isinstance(err, WRITE_ERRORS):
             raise _write_failed(err, f"the model folder {str(path)!r}", "what was there before is as it was") from err
         raise
     if path.exists():

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 import warnings
 from pathlib import Path
 
@@ -86,7 +87,7 @@ class FunnelIndex:
             if len(ids) != len(c):
                 raise ValueError(f"ids must name every document: {len(ids)} ids for {len(c)} documents")
             if len(set(ids)) != len(ids):
-                raise ValueError(f"ids must be unique; {next(i for i in ids if ids.count(i) > 1)!r} repeats")
+                raise ValueError(f"ids must be unique; {next(i for i, n in Counter(ids).items() if n > 1)!r} repeats")
             self.ids = np.empty(len(ids), dtype=object)
             self.ids[:] = ids
         self.prefix, self.precision, self.kind, self.default_shortlist = prefix, precision, index, shortlist

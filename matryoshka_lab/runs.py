@@ -214,9 +214,9 @@ def _describe(raw: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         return "another process"
 
-def run_holder(run_dir: str | Path, name: str = LOCK_NAME) -> str | None:
-    "Who holds the run directory's lock (or its lock file `name`), or None when nobody does (a probe: takes and drops the lock)."
-    path = Path(run_dir) / name
+def run_holder(run_dir: str | Path) -> str | None:
+    "Who holds the run directory's lock, or None when nobody does (a probe: takes and drops the lock)."
+    path = Path(run_dir) / LOCK_NAME
     if fcntl is None or not path.is_file():
         return None
     fd = os.open(path, os.O_RDONLY)
