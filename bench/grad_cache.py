@@ -17,18 +17,22 @@ tensors live there), or without glibc the growth of the process's peak RSS. A se
 as null. The texts' lengths grow with B too (STS-B's longest texts are rare: a mini-batch of 32 rows reaches 15
 tokens at B = 64, 28 at 1,024), and a mini-batch's graph grows with its length; so the cached setups' peaks are
 measured again on texts of max_length tokens (consecutive texts joined, cut by the tokenizer): their growth with
-B alone. Last, the loss alone (MRL over the same dims on random [B, 384] views, backward) in one product and row block
+B alone; and plain and cached are timed again on them, as above: the caching's own cost, with no padding for the
+mini-batches to save (on natural texts a mini-batch pads only to its own longest row, the one-pass step to the batch's). Last, the loss alone (MRL over the same dims on random [B, 384] views, backward) in one product and row block
 by row block, at each of --loss-batch-sizes: what its [B, B] logits take. Setups:
   plain       ours, one pass: method_views (matryoshka_lab.views) on the pre-tokenised sides, the loss, backward
-  cached      ours, GradCache: CachedViews encodes each side in mini-batches of --mini-batch-size rows without a graph,
-              the loss on its leaf views, backward, then cache.backward() re-encodes each mini-batch with a graph
+  cached      ours, GradCache: CachedViews encodes each side in mini-batches of --mini-batch-size rows (longest first)
+              without a graph, the loss on its leaf views, backward, then cache.backward() re-encodes each mini-batch
+              with a graph
   cached_tokens  the same with mini-batches cut by a budget of --mini-batch-tokens padded tokens (default: the
               mini-batch size x max length), rows longest first: short texts go many to a mini-batch
   st_cached   sentence-transformers MatryoshkaLoss(CachedMultipleNegativesRankingLoss(mini_batch_size)) over the same
               dims on the same texts
 The last line is one JSON object: batch_sizes, mini_batch_size, mini_batch_tokens, max_length, rounds, memory (what the
-peaks measure), seconds {setup: {B: median}}, round_seconds {setup: {B: [each round's]}}, peak_mib and peak_mib_full_length {setup: {B: MiB}}, loss_peak_mib
-{one_pass, by_rows: {B: MiB}}, cached_over_plain, cached_over_st_cached and cached_tokens_over_plain {B: time ratio},
+peaks measure), seconds {setup: {B: median}}, round_seconds {setup: {B: [each round's]}}, seconds_full_length and
+round_seconds_full_length (plain and cached on texts of max_length tokens), peak_mib and peak_mib_full_length
+{setup: {B: MiB}}, loss_peak_mib {one_pass, by_rows: {B: MiB}}, cached_over_plain, cached_over_plain_full_length,
+cached_over_st_cached and cached_tokens_over_plain {B: time ratio},
 cached_over_st_cached_rounds {B: [each round's ratio]},
 and cached_memory_growth, cached_memory_growth_full_length and plain_memory_growth (peak at the largest B over peak at
 the smallest); --out also writes it, with the command, commit, date and machine, to FILE.
@@ -234,13 +238,9 @@ def main():
                 torch.cuda.empty_cache()
             return None
 
-    seconds = {s: {} for s in names}
-    round_seconds = {s: {} for s in names}
-    peaks = {s: {} for s in names}
-    full_peaks = {s: {} for s in names if s in CACHED}
-    for size in sizes:
-        steps = steps_on([pairs.sentence1[i % n] for i in range(size)], [pairs.sentence2[i % n] for i in range(size)], names)
-        live = [s for s in names if ran(steps[s], device)]   # warm-up: allocator, threads, first-call overheads
+    def timed(steps: dict, seconds: dict, round_seconds: dict, size: int) -> dict:
+        "Each step's time over the rounds, setups in turn (the order rotates), after a warm-up each (allocator, threads, first-call overheads): medians into seconds, each round's into round_seconds; {setup: times} of those that ran."
+        live = [s for s in steps if ran(steps[s], device)]
         times = {s: [] for s in live}
         for r in range(args.rounds):
             k = r % max(len(live), 1)
@@ -250,14 +250,25 @@ def main():
                     times[s].append(clock(device) - t0)
                 else:
                     times.pop(s, None)
-        for s in names:
+        for s in steps:
             seconds[s][size] = round(statistics.median(times[s]), 4) if s in times else None
             round_seconds[s][size] = [round(t, 4) for t in times[s]] if s in times else None
+        return times
+
+    seconds, round_seconds, peaks = ({s: {} for s in names} for _ in range(3))
+    full_peaks = {s: {} for s in names if s in CACHED}
+    full_timed = [s for s in ("plain", "cached") if s in names]   # the caching's own cost, no padding to save
+    full_seconds, full_round_seconds = ({s: {} for s in full_timed} for _ in range(2))
+    for size in sizes:
+        steps = steps_on([pairs.sentence1[i % n] for i in range(size)], [pairs.sentence2[i % n] for i in range(size)], names)
+        times = timed(steps, seconds, round_seconds, size)
+        for s in names:
             peaks[s][size] = measure(steps[s]) if s in times else None
         full = steps_on(full_length_texts(pairs.sentence1, size, args.max_length),
-                        full_length_texts(pairs.sentence2, size, args.max_length), list(full_peaks))
-        for s, step in full.items():
-            full_peaks[s][size] = measure(step)
+                        full_length_texts(pairs.sentence2, size, args.max_length), list(dict.fromkeys(full_timed + list(full_peaks))))
+        timed({s: full[s] for s in full_timed}, full_seconds, full_round_seconds, size)
+        for s in full_peaks:
+            full_peaks[s][size] = measure(full[s])
     loss_peaks = {"one_pass": {}, "by_rows": {}}
     for size in loss_sizes:
         for name, lo in (("one_pass", loss), ("by_rows", by_rows)):
@@ -278,18 +289,19 @@ def main():
     for size in loss_sizes:
         print(f"loss alone at B={size}: one product {loss_peaks['one_pass'][size]} MiB, "
               f"{mini} rows at a time {loss_peaks['by_rows'][size]} MiB")
-    def paired(x, y, b):                                # x over y round by round (the machine's drift cancels)
-        xs, ys = at(round_seconds, x, b), at(round_seconds, y, b)
+    def paired(x, y, b, rounds=round_seconds):           # x over y round by round (the machine's drift cancels)
+        xs, ys = at(rounds, x, b), at(rounds, y, b)
         return [round(p / q, 3) for p, q in zip(xs, ys)] if xs and ys else None
 
-    def median_ratio(x, y):
-        return {b: round(statistics.median(r), 3) if (r := paired(x, y, b)) else None for b in sizes}
+    def median_ratio(x, y, rounds=round_seconds):
+        return {b: round(statistics.median(r), 3) if (r := paired(x, y, b, rounds)) else None for b in sizes}
     over_plain = median_ratio("cached", "plain")
+    over_plain_full = median_ratio("cached", "plain", full_round_seconds)
     over_st_rounds = {b: paired("cached", "st_cached", b) for b in sizes}
     over_st = median_ratio("cached", "st_cached")
     tokens_over_plain = median_ratio("cached_tokens", "plain")
     for b in sizes:
-        print(f"B={b}: cached/plain {over_plain[b]}x, cached/st_cached {over_st[b]}x (rounds {over_st_rounds[b]}), cached_tokens/plain "
+        print(f"B={b}: cached/plain {over_plain[b]}x (texts of {args.max_length} tokens {over_plain_full[b]}x), cached/st_cached {over_st[b]}x (rounds {over_st_rounds[b]}), cached_tokens/plain "
               f"{tokens_over_plain[b]}x, peak over B={sizes[0]}: "
               f"cached {ratio(at(peaks, 'cached', b), at(peaks, 'cached', sizes[0]))}x "
               f"(full length {ratio(at(full_peaks, 'cached', b), at(full_peaks, 'cached', sizes[0]))}x), "
@@ -297,7 +309,8 @@ def main():
     result = {"batch_sizes": sizes, "mini_batch_size": mini, "mini_batch_tokens": tokens, "max_length": args.max_length,
               "rounds": args.rounds, "memory": memory_measure(device),
               "seconds": seconds, "round_seconds": round_seconds, "peak_mib": peaks, "peak_mib_full_length": full_peaks, "loss_peak_mib": loss_peaks,
-              "cached_over_plain": over_plain, "cached_over_st_cached": over_st,
+              "seconds_full_length": full_seconds, "round_seconds_full_length": full_round_seconds,
+              "cached_over_plain": over_plain, "cached_over_plain_full_length": over_plain_full, "cached_over_st_cached": over_st,
               "cached_over_st_cached_rounds": over_st_rounds,
               "cached_tokens_over_plain": tokens_over_plain,
               "cached_memory_growth": ratio(at(peaks, "cached", sizes[-1]), at(peaks, "cached", sizes[0])),

@@ -92,7 +92,7 @@ class TrainConfig:
     max_steps: int = 200
     batch_size: int = 32
     grad_accum: int = 1                       # micro-batches per optimizer step (each sees only its own negatives)
-    mini_batch_size: int | None = None        # GradCache: each process encodes its batch this many rows at a time, the loss sees the whole batch (11_views); None: one pass
+    mini_batch_size: int | None = None        # GradCache: each process encodes its batch this many rows at a time (longest first), the loss sees the whole batch (11_views); None: one pass
     mini_batch_tokens: int | None = None      # GradCache mini-batches cut by padded tokens (rows x longest, longest first; token-state methods: x the batch's length); with mini_batch_size, both limits
     lr: float = 3e-5
     loss_lr: float | None = None              # lr of a loss's own parameters (MIPIC's P_i, phi_i; distill_nc's projections); None: lr (configs/mipic.yaml: 1e-2, studies/02_baselines)

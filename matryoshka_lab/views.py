@@ -61,18 +61,14 @@ def method_views(method, encoder: Encoder, a, b, max_length: int = 32, dist: Dis
 
 # %% ../nbs/11_views.ipynb #11v008
 def mini_batches(ends: list[int], size: int | None = None, tokens: int | None = None) -> list[list[int]]:
-    "Rows of each mini-batch of a side whose row i's tokens end at ends[i]: runs of `size` rows in order; with a `tokens` budget, rows longest first, cut where one more would take rows x longest past the budget (or the rows past `size`)."
-    n = len(ends)
-    size = size or n
-    if tokens is None:
-        return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-    out, cut = [], []
-    for i in sorted(range(n), key=lambda i: -ends[i]):       # stable: equal lengths keep their order
-        if cut and (len(cut) == size or (len(cut) + 1) * ends[cut[0]] > tokens):
+    "Rows of each mini-batch of a side whose row i's tokens end at ends[i]: rows longest first (equal lengths in order), cut every `size` rows and, with a `tokens` budget, where one more would take rows x longest past it. Each mini-batch pads only to its own longest row, so short rows go together."
+    size, out, cut = size or len(ends), [], []
+    for i in sorted(range(len(ends)), key=lambda i: -ends[i]):     # stable: equal lengths keep their order
+        if cut and (len(cut) == size or tokens is not None and (len(cut) + 1) * ends[cut[0]] > tokens):
             out.append(cut)
             cut = []
         cut.append(i)
-    return out + [cut]
+    return out + [cut] if cut else out
 
 def rng_state(device: torch.device) -> tuple:
     "torch's generator states that a forward pass draws dropout from: the CPU's, and the device's on CUDA."

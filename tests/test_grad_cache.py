@@ -65,20 +65,32 @@ def step_gradients(trainer: Trainer) -> tuple[float, dict]:
     return loss, gradients(trainer)
 
 
+def longest_first(lengths: list[int], size: int) -> list[list[int]]:
+    "Rows longest first (equal lengths in order), `size` at a time: the mini-batches the cached step cuts without a token budget."
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def in_place(parts: list[torch.Tensor], rows: list[list[int]]) -> torch.Tensor:
+    "Mini-batches' outputs [..., b, ...] (rows along dim 1) joined with each row back in its place in the batch."
+    return torch.cat(parts, 1)[:, torch.tensor(sum(rows, [])).argsort()]
+
+
 def mini_batch_gradients(trainer: Trainer, size: int) -> dict:
-    "The gradients of the uncached step over the mini-batches the cached step cuts (runs of `size` rows, each without its trailing padding; token-state methods' at the batch's length), each encoded with a graph in the cached step's order."
+    "The gradients of the uncached step over the mini-batches the cached step cuts (`longest_first`, each without its trailing padding; token-state methods' rows all at the batch's length, so in order), each encoded with a graph in the cached step's order."
     method, encoder = trainer.method, trainer.encoder
     rows, side_a, side_b = trainer.prepare(0)
     def encode(side):
-        outs = []
-        for i in range(0, len(side["input_ids"]), size):
-            part = {k: v[i:i + size] for k, v in side.items()}
+        mask = side["attention_mask"]
+        lengths = [mask.shape[1] if method.needs_tokens else int(m.nonzero().max()) + 1 for m in mask]
+        outs, parts = [], longest_first(lengths, size)
+        for part_rows in parts:
+            part = {k: v[part_rows] for k, v in side.items()}
             if not method.needs_tokens:
-                end = int(part["attention_mask"].any(0).nonzero().max()) + 1
-                part = {k: v[:, :end] for k, v in part.items()}
+                part = {k: v[:, :max(lengths[i] for i in part_rows)] for k, v in part.items()}
             outs.append(encoder(**part, tokens=method.needs_tokens))
-        pooled = torch.cat([o.pooled for o in outs], 1)
-        return EncoderOutput(pooled, outs[0].layers, side["attention_mask"], torch.cat([o.hidden for o in outs], 1)) \
+        pooled = in_place([o.pooled for o in outs], parts)
+        return EncoderOutput(pooled, outs[0].layers, mask, in_place([o.hidden for o in outs], parts)) \
             if method.needs_tokens else pooled
     a = encode(side_a)
     b = a if method.single_view else encode(side_b)
@@ -111,13 +123,23 @@ def dropout_encoder(tokenizer) -> Encoder:
     return Encoder(AutoModel.from_config(config).train(), tokenizer, pooling="mean", max_length=64)
 
 
+def text_cuts(encoder, texts, size: int = 3) -> list[list[int]]:
+    return longest_first([len(encoder.tokenize([t], 16)["input_ids"][0]) for t in texts], size)
+
+
+def uncached_view(encoder, texts) -> torch.Tensor:
+    "One view of texts by the uncached step: each of the cached step's mini-batches of 3 encoded with a graph, in its order."
+    parts = text_cuts(encoder, texts)
+    return in_place([encoder(**encoder.tokenize([texts[i] for i in rows], 16)).pooled for rows in parts], parts)
+
+
 def replayed(encoder, texts) -> tuple[dict, dict]:
     "Gradients of SimCSE (two dropout views) by the uncached step over the same mini-batches of 3, and by CachedViews, each from seed 0."
     loss_of = lambda a, b: info_nce(a[-1], b[-1], scale=20.0)
     grads = lambda: {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
     torch.manual_seed(0)
-    a, b = (torch.cat([encoder(**encoder.tokenize(texts[i:i + 3], 16)).pooled for i in range(0, len(texts), 3)], 1)
-            for _ in range(2))
+    a = uncached_view(encoder, texts)
+    b = uncached_view(encoder, texts)
     loss_of(a, b).backward()
     uncached = grads()
     encoder.zero_grad(set_to_none=True)
@@ -139,8 +161,8 @@ def test_dropout_is_replayed(tokenizer, monkeypatch):
     torch.manual_seed(0)
     with torch.no_grad():                   # the generator ends where the pass without a graph left it
         for _ in range(2):
-            for i in range(0, len(texts), 3):
-                encoder(**encoder.tokenize(texts[i:i + 3], 16))
+            for rows in text_cuts(encoder, texts):
+                encoder(**encoder.tokenize([texts[i] for i in rows], 16))
     assert torch.equal(after, torch.get_rng_state())
     monkeypatch.setattr(views, "set_rng_state", lambda state, device: None)
     _, broken = replayed(encoder, texts)
@@ -165,8 +187,8 @@ def test_backward_reenters_the_autocast_the_views_were_made_in(tokenizer):
     encoder.zero_grad(set_to_none=True)
     torch.manual_seed(0)
     with amp():
-        a, b = (torch.cat([encoder(**encoder.tokenize(texts[i:i + 3], 16)).pooled for i in range(0, len(texts), 3)], 1)
-                for _ in range(2))
+        a = uncached_view(encoder, texts)
+        b = uncached_view(encoder, texts)
         loss_of(a, b).backward()
     uncached = {n: p.grad for n, p in encoder.named_parameters() if p.grad is not None}
     # bf16 sums in another order differ by ~1e-2 (two uncached forms, one autocast region or one per pass, by 4e-3)
@@ -182,7 +204,11 @@ def test_mini_batches_cover_every_row_once_within_their_limits():
             assert sorted(sum(cuts, [])) == list(range(len(ends))) and all(cuts)
         assert all(len(c) <= size for c in views.mini_batches(ends, size, tokens))
         assert all(len(c) == 1 or len(c) * max(ends[i] for i in c) <= tokens for c in views.mini_batches(ends, None, tokens))
-        assert sum(views.mini_batches(ends, size), []) == list(range(len(ends)))   # rows alone: in order
+        for cut in (views.mini_batches(ends, size), views.mini_batches(ends, size, tokens)):   # longest first
+            rows = sum(cut, [])
+            assert [ends[i] for i in rows] == sorted(ends, reverse=True)
+            assert all(rows.index(i) < rows.index(j) for i in range(len(ends)) for j in range(i + 1, len(ends)) if ends[i] == ends[j])
+        assert [len(c) for c in views.mini_batches(ends, size)] == [size] * (len(ends) // size) + [len(ends) % size] * (len(ends) % size > 0)
 
 
 def test_mini_batch_settings_are_checked_before_anything_loads():
