@@ -870,11 +870,13 @@ def grad_cache_table(results="results", file: str = "grad_cache_cpu.json") -> st
         row = {label: "-" if sec[s][b] is None else f"{sec[s][b]:.2f} s, {mib[s][b]:,.0f} MiB"
                for s, label in GRAD_CACHE_SETUPS.items()}
         rows[f"B = {int(b):,}"] = {**row, "cached / one pass": times(r["cached_over_plain"][b]),
+                                   f"the same, texts of {r['max_length']} tokens": times(r["cached_over_plain_full_length"][b]),
                                    "by tokens / one pass": times(r["cached_tokens_over_plain"][b]),
                                    "cached / theirs": times(r["cached_over_st_cached"][b]),
                                    f"peak / at B = {first}, one pass": ratio(mib["plain"][b], mib["plain"][first]),
                                    f"peak / at B = {first}, cached": ratio(mib["cached"][b], mib["cached"][first]),
-                                   f"the same, texts of {r['max_length']} tokens": ratio(full["cached"][b], full["cached"][first])}
+                                   f"peak / at B = {first}, cached, texts of {r['max_length']} tokens":
+                                       ratio(full["cached"][b], full["cached"][first])}
     label = (f"{made['machine']}, mini-batches of {r['mini_batch_size']} rows or {r['mini_batch_tokens']:,} tokens, "
              f"up to {r['max_length']} tokens a text")
     return md_table(pd.DataFrame(rows).T.rename_axis(label))
