@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -15,7 +14,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -24,19 +22,19 @@ from .checkpoint import export_model, load_checkpoint, model_card, resume_checkp
 from .batches import BatchesAhead, batch_target
 from .config import TrainConfig, config_changes
 from .core import autocast, parse_dims, resolve_data_dir, resolve_device, resolve_precision, seed_everything
-from .data import data_fingerprint, is_task_path, load_task, task_name
+from .data import load_task
 from .distributed import init_distributed
 from .encoder import Encoder
 from .losses import read_floats
 from .methods import BatchDraw, Callback, CancelFit, TrainData, get_method
+from .provenance import USED_FILE, data_changes, data_record, read_used, trained_on, used_record
 from .recipe import check_negatives, load_encoder, make_loss, training_data
 from .runs import RunLock, RunLog, check_run_files, write_atomic, write_json
 from .views import CachedViews, method_views
 
 # %% auto #0
-__all__ = ['USED_FILE', 'preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes',
-           'add_callbacks', 'texts_fingerprint', 'used_record', 'read_used', 'trained_on', 'make_optimizer', 'Trainer',
-           'data_record', 'data_changes', 'check_run_dir']
+__all__ = ['preflight', 'EvalCallback', 'CheckpointCallback', 'default_callbacks', 'callback_classes', 'add_callbacks',
+           'make_optimizer', 'Trainer', 'check_run_dir']
 
 # %% ../nbs/12_trainer.ipynb #08c018
 def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> list:
@@ -168,45 +166,6 @@ def add_callbacks(defaults: list, callbacks=(), drop=()) -> list:
     drop, given = callback_classes(drop), {type(c) for c in callbacks}
     kept = [c for c in defaults if not isinstance(c, drop) and type(c) not in given]
     return sorted(kept + list(callbacks), key=lambda c: c.order)
-
-# %% ../nbs/12_trainer.ipynb #08c019a
-USED_FILE = "data_used.json"                # what a run trained and was evaluated on, beside config.json
-
-def texts_fingerprint(data: TrainData) -> str:
-    "'sha256:HEX' of training data: its text columns (first, second, negatives) and targets, in order."
-    h = hashlib.sha256()
-    for name, col in (("a", data.text_a), ("b", data.text_b or ()), *((f"n{i}", c) for i, c in enumerate(data.negatives))):
-        h.update(f"\x1d{name}:{len(col)}\x1d".encode())
-        for t in col:
-            h.update(str(t).encode() + b"\x1e")
-    for part in data.target if isinstance(data.target, tuple) else () if data.target is None else (data.target,):
-        a = np.asarray(part)
-        h.update(f"\x1d{a.shape}".encode())
-        h.update("\x1e".join(map(str, a.ravel())).encode() if a.dtype.kind in "OUS" else np.ascontiguousarray(a).tobytes())
-    return f"sha256:{h.hexdigest()}"
-
-def used_record(cfg: TrainConfig, data: TrainData, passed: bool, evaluated: list) -> dict:
-    "What a run trains and is evaluated on: the config's train tasks or data passed in Python (rows, texts_fingerprint), and each evaluated task (a loaded Task: name, kind, source; else its name)."
-    train = {"from": "Trainer(data=...)" if passed else "config", "rows": len(data), "texts": texts_fingerprint(data)}
-    if not passed:
-        train["tasks"] = cfg.train_tasks()
-    return {"train": train, "eval": [{"task": t.name, "kind": t.kind, "source": t.source} if hasattr(t, "spec")
-                                     else {"task": str(t)} for t in evaluated]}
-
-def read_used(run_dir: str | Path) -> dict:
-    "A run's data_used.json ({} when it has none or it is unreadable)."
-    try:
-        used = json.loads((Path(run_dir) / USED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return used if isinstance(used, dict) else {}
-
-def trained_on(used: dict) -> str:
-    "A run's training data in words, from its used_record."
-    t = used.get("train") or {}
-    if t.get("from") == "config":
-        return ", ".join(f"`{x}`" for x in t.get("tasks", []))
-    return f"data passed in Python ({t.get('rows', 0):,} rows, texts {str(t.get('texts'))[:19]}...)"
 
 # %% ../nbs/12_trainer.ipynb #08c020
 def make_optimizer(cfg: TrainConfig, params: list, loss_module: torch.nn.Module | None = None):
@@ -414,23 +373,6 @@ class Trainer:
         self._fire("after_fit")
 
 # %% ../nbs/12_trainer.ipynb #08c023
-def data_record(cfg: TrainConfig) -> dict:
-    "{path: {name, fingerprint}} of the run's own data: its train and eval tasks that are paths (present); name: its rows' task name."
-    return {t: {"name": task_name(t), "fingerprint": data_fingerprint(t)}
-            for t in dict.fromkeys([*cfg.train_tasks(), *cfg.eval_tasks]) if is_task_path(t) and Path(t).exists()}
-
-def data_changes(run_dir: str | Path, tasks) -> dict:
-    "{path: (recorded, now)} of the tasks whose data changed since the run in run_dir recorded it (data.json); a path no longer there: now None."
-    path = Path(run_dir) / "data.json"
-    try:
-        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError):
-        record = {}
-    saved = {t: v["fingerprint"] for t, v in record.items() if isinstance(v, dict) and isinstance(v.get("fingerprint"), str)} \
-        if isinstance(record, dict) else {}
-    now = {t: data_fingerprint(t) if Path(t).exists() else None for t in tasks if t in saved}
-    return {t: (saved[t], fp) for t, fp in now.items() if fp != saved[t]}
-
 def check_run_dir(run_dir: str | Path, cfg: TrainConfig, texts: str | None = None) -> None:
     "Refuse (ValueError) a run directory that holds another run: a config that differs from cfg, records without a config, or checkpoints of training data that has changed since (a file, or `texts`: the texts_fingerprint of the data about to train); warn of a changed eval file."
     path = Path(run_dir)
