@@ -48,7 +48,8 @@ LAYERS = {   # the README's picture, bottom up: a module imports only modules of
     "base": ("core", "methods", "encoder", "data", "runs"),
     "losses": ("losses",),
     "measuring": ("budget", "eval", "diagnostics", "stats", "plots"),
-    "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "trainer", "launch", "gradients"),
+    "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "provenance", "trainer", "launch",
+                 "gradients"),
     "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
     "apps": ("cli", "st_loss", "dashboard", "workbench", "deploy", "watch")}
 
