@@ -18,8 +18,9 @@ as null. The texts' lengths grow with B too (STS-B's longest texts are rare: a m
 tokens at B = 64, 28 at 1,024), and a mini-batch's graph grows with its length; so the cached setups' peaks are
 measured again on texts of max_length tokens (consecutive texts joined, cut by the tokenizer): their growth with
 B alone; and plain and cached are timed again on them, as above: the caching's own cost, with no padding for the
-mini-batches to save (on natural texts a mini-batch pads only to its own longest row, the one-pass step to the batch's). Last, the loss alone (MRL over the same dims on random [B, 384] views, backward) in one product and row block
-by row block, at each of --loss-batch-sizes: what its [B, B] logits take. Setups:
+mini-batches to save (on natural texts a mini-batch pads only to its own longest row, the one-pass step to the
+batch's). Last, the loss alone (MRL over the same dims on random [B, 384] views, backward) in one product and row
+block by row block, at each of --loss-batch-sizes: what its [B, B] logits take. Setups:
   plain       ours, one pass: method_views (matryoshka_lab.views) on the pre-tokenised sides, the loss, backward
   cached      ours, GradCache: CachedViews encodes each side in mini-batches of --mini-batch-size rows (longest first)
               without a graph, the loss on its leaf views, backward, then cache.backward() re-encodes each mini-batch

@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
