@@ -33,7 +33,7 @@ def _client_ip() -> str | None:
 
 
 if __name__.startswith("bokeh"):
-    pn.extension("plotly")
+    pn.extension("plotly", "vega")
     if client_allowed(_client_ip()):
         wb = build_app(runs_root(), _query_run())
         pn.state.add_periodic_callback(wb.tick, period=PERIOD_MS)

@@ -22,19 +22,22 @@ import panel as pn
 
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
-    is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, name_parts, natural_key,
+    is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
     read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
+from .compare import PrefixCompare, compare_bars
+from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
+from .figures import Colours
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'BAR_KINDS', 'BARS_PER_KIND', 'SIDEBAR', 'FIGURE_HEIGHT',
-           'GRID_HEIGHT', 'GRID_BYTES', 'CONFIG_BYTES', 'WAIT_S', 'COMPARE_TAB', 'client_allowed', 'empty_figure',
-           'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row',
-           'fit', 'figure_pane', 'with_exports', 'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser',
-           'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin',
-           'compare_bars', 'CompareMixin', 'Workbench', 'build_app', 'Served', 'jupyter_origins', 'serve_here', 'show']
+           'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'WAIT_S',
+           'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train',
+           'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab', 'find_grids',
+           'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin',
+           'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'Served',
+           'jupyter_origins', 'serve_here', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -42,13 +45,12 @@ SLOW_EVERY = 10        # ticks between re-listing runs and snapshots (5 s)
 PLOT_EVERY_S = 1.0     # curves are redrawn at most this often; the step pane on every tick
 STEP_CLASS = "ml-step" # the element showing "step N" (tests find it by this class)
 COLUMNS = ["task", "layer", "dim", "metric", "value"]
-NOT_DEFAULT = ("lr", "grad_norm")   # training curves not shown until chosen
+NOT_DEFAULT = ("lr", "grad_norm", "deferred")   # training curves not shown until chosen (deferred: a count of rows, not a loss)
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
 MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
 SMOOTHING = 0.6        # the training curves' smoothing at first (TensorBoard's default weight)
 TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
 TABLE_ROWS = 500       # rows of the Compare table at most (it says when it shows fewer than match)
-BAR_KINDS, BARS_PER_KIND = 3, 12   # the Compare bars: panels (one per kind of metric) and bars per run in each
 
 def client_allowed(ip: str | None, env=os.environ) -> bool:
     "Loopback clients always; others only with MATRYOSHKA_LAB_ALLOW_REMOTE=1 (an unknown address counts as remote)."
@@ -80,7 +82,8 @@ def smooth(values, weight: float) -> np.ndarray:
         return x.to_numpy()
     return x.ewm(alpha=1 - weight, adjust=True, ignore_na=True).mean().where(x.notna()).to_numpy()
 
-def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0):
+def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0,
+                 colours: Colours | None = None):   # a colour per name, the same in every redraw
     "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps); smoothing > 0 draws each smoothed (smooth) over the raw points of all of them, faint grey (one trace: a redraw costs one more trace, not one per curve)."
     import plotly.graph_objects as go
     groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
@@ -95,7 +98,8 @@ def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, s
         traces.append(go.Scatter(x=xs, y=ys, mode="lines", line_color="rgba(110, 110, 110, 0.35)", showlegend=False,
                                  hoverinfo="skip", name="raw"))
     traces += [go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n,
-                          mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines")
+                          mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines",
+                          line_color=colours[n] if colours is not None else None)
                for n in shown for g in [groups[n]]]
     return go.Figure(data=traces,                                              # one layout: update_layout is slow
                      layout=dict(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760,
@@ -314,16 +318,6 @@ class BudgetBrowser:
                              pn.pane.DataFrame(within.round(3), sizing_mode="stretch_width", max_rows=30)]
 
 # %% ../nbs/24_workbench.ipynb #20c021
-CONFIG_BYTES = 1 << 20   # the largest config.json read
-
-def _read_config(run_dir: Path, root: Path) -> dict:
-    "The run's config.json if it is a regular file under root of at most CONFIG_BYTES that holds a JSON object, else {}."
-    try:
-        cfg = json.loads(read_file(run_dir / "config.json", root, CONFIG_BYTES))
-        return cfg if isinstance(cfg, dict) else {}
-    except ValueError:
-        return {}
-
 def _data_names(run_dir: Path, root: Path) -> dict:
     "{path: task name} of the run's own data files (its data.json, written by the trainer), {} when it has none."
     try:
@@ -341,6 +335,7 @@ class RunPickerMixin:
     def _init_runs(self, run: str | None) -> str | None:
         "The header's widgets and the (empty) open run; returns the run to open first: `run` if listed, else (if `run` is not awaited) the first."
         self.names = safe_runs(self.root)
+        self.colours = Colours(self.names)             # a run's colour in every tab and redraw (new runs get the next)
         self.grid_views: list = []                     # the Grids and Budget tabs, refreshed with the runs
         self.tail: MetricsTail | None = None
         self.run_dir: Path | None = None
@@ -375,7 +370,7 @@ class RunPickerMixin:
             except ValueError as err:
                 self.status.object = f"refused: {err}"
             else:
-                self.config = _read_config(self.run_dir, self.root)
+                self.config = run_config(self.root, name)
                 self.data_names = _data_names(self.run_dir, self.root)   # your own files' task names, by path
                 self.status.object = ""
         for view in self.grid_views:                   # the run's own grid in Grids and Budget
@@ -417,6 +412,7 @@ class MonitorMixin:
         "The pickers, the smoothing slider and the figures, and what a change of each triggers."
         self._plotted, self._dirty = 0.0, False    # when the curves were last drawn; whether records came since
         self._drawn = {}                           # figure -> what it was drawn from (redraw skips what did not change)
+        self.series_colours = Colours()            # a curve keeps its colour when others are added or removed
         self._auto, self._setting = {"train": True, "eval": True}, False   # pickers on their defaults; set by code
         self.train_choice = pn.widgets.MultiChoice(label="Training curves", options=[], value=[], width=SIDEBAR)
         self.eval_choice = pn.widgets.MultiChoice(label="Eval metrics", options=[], value=[], width=SIDEBAR)
@@ -503,10 +499,11 @@ class MonitorMixin:
             train, evals, weight = list(self.train_choice.value), list(self.eval_choice.value), self.smoothing.value
             self._draw(self.train_plot, (train, weight, self._stamp(True, set(train))),
                        lambda: lines_figure(self.tail.frame(set(train)).query("split == 'train'"), train,
-                                            "training loss and parts", axis_title(train), smoothing=weight))
+                                            "training loss and parts", axis_title(train), smoothing=weight,
+                                            colours=self.series_colours))
             self._draw(self.eval_plot, (evals, self._stamp(False, set(evals))),
                        lambda: lines_figure(self.tail.frame(set(evals)).query("split != 'train'"), evals,
-                                            "eval metrics", axis_title(evals, split="eval")))
+                                            "eval metrics", axis_title(evals, split="eval"), colours=self.series_colours))
         grids = ("grid", self._stamp(False))
         if self._drawn.get("grid", ()) != grids:          # its records are every evaluation's
             self._drawn["grid"] = grids
@@ -561,7 +558,10 @@ class EvalGridMixin:
         at = self._grids[self._grids.step == self.grid_slider.value]
         try:
             fig = plot_grid(at, task, metric)
-            title = f"{fig.layout.title.text}<br><sup>evaluated at step {self.grid_slider.value}</sup>"   # a narrow pane cuts one long line
+            cells = step_cells(self._grids)                  # a step a kill cut short (or still being written) says so
+            step = self.grid_slider.value
+            partial = "" if cells.complete.get(step, True) else f", partial: {cells.cells[step]} of {cells.cells.max()} cells"
+            title = f"{fig.layout.title.text}<br><sup>evaluated at step {step}{partial}</sup>"   # a narrow pane cuts one long line
             self.grid_plot.object = fit(fig.update_layout(title=title))
         except ValueError as err:
             self.grid_plot.object = fit(empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}"))
@@ -676,37 +676,6 @@ class SteerabilityMixin:
             self.steer_plot.object = fit(empty_figure(f"{choice}: unreadable ({type(err).__name__})"))
 
 # %% ../nbs/24_workbench.ipynb #20c027
-def _bar_label(split: str, name: str) -> str:
-    "A bar's label within its kind's panel: where the record is from (dashboard.name_parts: 'stsb/L6/d16'), its split if not eval."
-    label = name_parts(name)[1]
-    return label if split == "eval" else f"{split}: {label}"
-
-def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows, one column per run, then the deltas
-                 runs: list[str], max_kinds: int = BAR_KINDS, max_bars: int = BARS_PER_KIND,
-                 caveat: str = ""):   # added to the title of a panel of training records (different methods' losses)
-    "Grouped bars of the runs' values (at compare_frame's steps), one panel per kind of metric with its own titled axis; a cut list says so."
-    import plotly.graph_objects as go
-    from plotly.colors import qualitative
-    from plotly.subplots import make_subplots
-    kinds = pd.Series([metric_kind(n) for _, n in df.index], index=df.index)
-    order = list(dict.fromkeys(kinds))
-    shown = order[:max_kinds]
-    counts = kinds.value_counts()
-    trained = {k for (split, _), k in kinds.items() if split == "train"}
-    titles = [k + (f" (first {max_bars} of {counts[k]})" if counts[k] > max_bars else "")
-              + (f" {caveat}" if caveat and k in trained else "") for k in shown]
-    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=titles, vertical_spacing=0.5 / max(len(shown), 1))
-    for row, kind in enumerate(shown, 1):
-        part = df[kinds == kind].head(max_bars)
-        x = [_bar_label(s, n) for s, n in part.index]
-        for i, run in enumerate(runs):
-            fig.add_trace(go.Bar(name=run, x=x, y=part[run], legendgroup=run, showlegend=row == 1,
-                                 marker_color=qualitative.Plotly[i % len(qualitative.Plotly)]), row=row, col=1)
-        fig.update_yaxes(title_text=kind, row=row, col=1)
-    title = "values as of one step" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
-                               if len(order) > max_kinds else "")
-    return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
-
 COMPARE_TAB = 2                                          # its place among the workbench's tabs
 
 class CompareMixin:
@@ -715,8 +684,10 @@ class CompareMixin:
         "The run and metric pickers, the pattern, the step, the table and figures, and what a change of each triggers."
         self._cmp_tails: dict[str, MetricsTail] = {}
         self._compared = False                           # compare() has run: the tab was shown, or a picker changed
+        self._cmp_default, self._cmp_setting = True, False   # the runs are the session's choice (default_runs), not yet the user's
         self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
-                                               value=self.names[:2], width=SIDEBAR)
+                                               value=[], width=SIDEBAR)
+        self.cmp_prefix = PrefixCompare(self.root, self.colours, SIDEBAR)
         self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name, * for all)", value="",
                                                 placeholder="the eval grid at the last layer", width=SIDEBAR)
         self.cmp_step = pn.widgets.IntInput(label="As of step (empty: the last all the runs have reached)", value=None,
@@ -727,14 +698,33 @@ class CompareMixin:
         self.cmp_metric = pn.widgets.Select(label="Curve of one metric, per run", options=[], width=SIDEBAR)
         self.cmp_lines = figure_pane(empty_figure("choose runs"))
         self.cmp_button.on_click(lambda e: self.compare())
-        for widget in (self.cmp_pattern, self.cmp_runs, self.cmp_step):
+        for widget in (self.cmp_pattern, self.cmp_step):
             widget.param.watch(lambda e: self.compare(), "value")
+        self.cmp_runs.param.watch(lambda e: self._runs_chosen(), "value")
         self.cmp_metric.param.watch(lambda e: self.draw_compare_curves(), "value")
 
+    def default_runs(self) -> list[str]:
+        "The open run, then the first other run that has logged a layer x dim evaluation (one without would leave nothing to compare)."
+        first = [self.picker.value] if self.picker.value in self.names else []
+        other = next((n for n in self.names if n not in first and len(run_evals(self.root, n))), None)
+        return first + ([other] if other else [])
+
+    def _runs_chosen(self) -> None:
+        if not self._cmp_setting:
+            self._cmp_default = False                    # the user's choice from now on
+            self.compare()
+
     def compare(self) -> None:
-        "The chosen runs' metrics matching the pattern as of one step: a scrolling table with coloured deltas, and bars."
+        "The chosen runs' metrics matching the pattern as of one step: a scrolling table with coloured deltas, bars and the prefix figures."
         self._compared = True
+        if self._cmp_default:
+            self._cmp_setting = True
+            try:
+                self.cmp_runs.value = self.default_runs()
+            finally:
+                self._cmp_setting = False
         tails = self._compared_tails()
+        self.cmp_prefix.update(list(tails), tails)
         pattern = self.cmp_pattern.value.strip()
         if not pattern:                                  # the eval grid at the reference run's last layer
             ref = next(iter(tails.values()), None)
@@ -779,14 +769,14 @@ class CompareMixin:
         self.cmp_table.object = (f"<p>{note}</p><div style='max-height: {TABLE_HEIGHT}px; overflow-y: auto'>"
                                  + styler.to_html() + "</div>")
         fig = compare_bars(df, [c for c in df.columns if c not in deltas and c != "as of step"],
-                           caveat="(different methods: different losses)" if mixed else "")
+                           caveat="(different methods: different losses)" if mixed else "", colours=self.colours)
         self.cmp_plot.height = fig.layout.height
         self.cmp_plot.object = fit(fig)
 
     def _run_config(self, name: str) -> dict:
         "A compared run's config.json ({} when it has none or it cannot be read)."
         try:
-            return _read_config(resolve_run(self.root, name), self.root)
+            return run_config(self.root, name)
         except ValueError:
             return {}
 
@@ -809,7 +799,7 @@ class CompareMixin:
         frames = [t.frame({name}).assign(name=run) for run, t in self._cmp_tails.items()] if name else []
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["split", "name", "step", "value"])
         title = f"{name} per run" if name else "no metric"
-        self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), title, name or "value"))
+        self.cmp_lines.object = fit(lines_figure(df, list(self._cmp_tails), title, name or "value", colours=self.colours))
 
     def refresh_compare(self) -> None:
         "Redo the comparison if a compared run appended anything (runs still training stay current)."
@@ -864,8 +854,9 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                       with_exports(self.grid_plot, "eval_grid"))
         snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input],
                     with_exports(self.snap_plot, "snapshot"), self.steer_box, self.steer_hint)
-        compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_step, self.cmp_button, self.cmp_metric],
-                      self.cmp_table,
+        compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_step, self.cmp_button, self.cmp_metric,
+                                  *self.cmp_prefix.controls()],
+                      self.cmp_table, self.cmp_prefix.panel(),
                       pn.Row(with_exports(self.cmp_plot, "compare"), with_exports(self.cmp_lines, "compare_curves"),
                              sizing_mode="stretch_width"))
         self.grid_views = [GridBrowser(self.root), BudgetBrowser(self.root)]

@@ -589,6 +589,61 @@ NOTEBOOK = {"cells": [{"cell_type": "code", "execution_count": None, "id": "c0",
             "nbformat": 4, "nbformat_minor": 5}
 
 
+def seed_runs(runs: Path) -> Path:
+    "Three seeds of MRL and a base run, evaluated at steps 4 and 8 on a 3-layer x 3-dim grid; MRL's third seed killed 3 cells into step 8."
+    for name, cfg, shift in [(f"mrl_s{s}", {"dims": [4, 8, 16], "method": "mrl", "seed": s}, s) for s in range(3)] \
+            + [("base", {"dims": [4, 8, 16], "method": "base", "seed": 0}, -3)]:
+        log = RunLog(runs / name, config=cfg)
+        for step in (4, 8):
+            log.log(step, "loss", 1 / step)
+            cells = [(l, d) for l in range(3) for d in (4, 8, 16)]
+            for l, d in cells[:3] if (name, step) == ("mrl_s2", 8) else cells:
+                log.log(step, f"stsb_dev/L{l}/d{d}/spearman", 50 + step + 4 * l + d / 4 + shift, split="eval")
+        log.close()
+    return runs
+
+
+def test_browser_compare_draws_the_prefix_overlay_and_the_difference(tmp_path):
+    "The served Compare tab, opened on run base: the open run and the first other evaluated run are compared by default; with the three MRL seeds added they are one line with its band, the difference heatmap is drawn, both at step 4 (MRL's third seed has no complete step 8), and an SVG export is a figure of the size typed."
+    browser_or_skip()
+    runs = seed_runs(tmp_path / "runs")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with serve(runs, port), chromium_page(1500, 1300) as page:
+        page.goto(f"http://127.0.0.1:{port}/dashboards?run=base", timeout=60_000)
+        page.locator(".ml-step").wait_for(timeout=60_000)
+        page.get_by_text("Compare", exact=True).first.click()
+        note = page.locator(".ml-prefix-note")
+        wait_shown(note, "Runs at step 8, the newest step all have evaluated completely")
+        chosen = page.locator(".choices__list--multiple .choices__item >> visible=true").all_inner_texts()
+        assert [c.replace("Remove item", "").strip() for c in chosen] == ["base", "mrl_s0"], chosen
+        pick = page.locator("input.choices__input--cloned >> visible=true")
+        for name in ("mrl_s1", "mrl_s2"):
+            pick.click()
+            page.locator(".choices__item--choice >> visible=true").filter(has_text=re.compile(f"^{name}$")).first.click()
+            time.sleep(0.3)
+        wait_shown(note, "Runs at step 4, the newest step all have evaluated completely")
+        assert "mrl_s2 (step 8 is partial)" in shown(note), shown(note)
+        titles = {".ml-overlay": "stsb_dev: spearman, layer 2, step 4",
+                  ".ml-difference": "stsb_dev: spearman, mrl_s0, step 4 − base, step 4"}
+        for pane, title in titles.items():                          # Vega draws SVG: its text is on the page
+            figure = page.locator(f"{pane} svg.marks").first
+            wait_shown(figure, title)
+            box = figure.bounding_box()
+            assert box["width"] > 600 and box["height"] > 250, (pane, box)
+        assert "mrl (3 seeds)" in shown(page.locator(".ml-overlay svg.marks").first)
+        time.sleep(1.0)
+        page.screenshot(path=str(ARTIFACTS / "compare_prefix_figures.png"), full_page=True)
+        size = page.get_by_label("Export size, inches (w x h)")
+        size.fill("3.5 x 2.5")
+        size.press("Enter")
+        with page.expect_download() as download:
+            page.get_by_role("button", name="Export SVG").first.click()
+        svg = Path(download.value.path()).read_text()
+        assert re.match(r'<svg[^>]*width="3.5in" height="2.5in"', svg), svg[:300]
+        assert "stsb_dev: spearman, layer 2, step 4" in svg and "mrl (3 seeds)" in svg
+
+
 def notebook_with(folder: Path, name: str, source: str) -> Path:
     "folder/name, a notebook of one code cell."
     nb = {**NOTEBOOK, "cells": [{**NOTEBOOK["cells"][0], "source": source}]}
