@@ -9,8 +9,11 @@ import asyncio
 import io
 import ipaddress
 import json
+import logging
 import os
 import re
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +36,11 @@ from .plots import grid_table, headline, plot_grid
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'WAIT_S',
-           'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train',
-           'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab', 'find_grids',
-           'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin',
-           'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'Served',
-           'jupyter_origins', 'serve_here', 'show']
+           'COMPARE_TAB', 'SERVER_LOG', 'client_allowed', 'empty_figure', 'axis_title', 'smooth', 'lines_figure',
+           'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab',
+           'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin',
+           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
+           'build_app', 'Served', 'jupyter_origins', 'quiet_server_logs', 'serve_here', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -838,9 +841,8 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         if self.callback is not None:
             self.callback.stop()
             self.callback = None
-        if self.served is not None and not self.served.stopped:
-            self.served.server.stop()
-            self.served.stopped = True
+        if self.served is not None:
+            self.served.stop()
 
     def _layout(self) -> pn.Column:
         "The header (title, run picker, step pane, status) over the five tabs: controls on the left, figures in the rest."
@@ -903,17 +905,37 @@ def _polled() -> bool:
 
 @dataclass
 class Served:
-    "A workbench served from the notebook's own kernel: the Bokeh server and its address."
+    "A workbench served from a thread of the notebook's kernel with an event loop of its own: the Bokeh server, its address, and the thread's loop, tick and log."
     server: object
     url: str
-    stopped: bool = False       # Workbench.stop() ran (a Bokeh server refuses a second stop)
+    loop: object = None         # the thread's tornado IOLoop (the server and the tick run on it)
+    thread: object = None
+    tick: object = None         # the PeriodicCallback calling Workbench.tick on that loop
+    log: Path | None = None     # where the server's log lines go (never into a cell's output)
+    stopped: bool = False       # stop() ran (a Bokeh server refuses a second stop)
+
+    def stop(self) -> None:
+        "Stop the tick, the server and the thread (on the thread's own loop, where they run); again, nothing."
+        if self.stopped:
+            return
+        self.stopped = True
+        def close():
+            if self.tick is not None:
+                self.tick.stop()
+            self.server.stop()
+            self.loop.stop()
+        if self.loop is None:
+            self.server.stop()
+            return
+        self.loop.add_callback(close)
+        self.thread.join(timeout=10)
 
     def bundle(self) -> tuple[dict, dict]:
         "The cell output: a line that says what it is (all a notebook reopened without the kernel shows), and the script that loads the app from the server (Bokeh's server_document: a few KB)."
         from bokeh.embed import server_document
         note = (f'<p class="ml-served">The live workbench, served by this notebook\'s kernel at <a href="{self.url}" '
-                f'target="_blank">{self.url}</a> (also in a tab of its own). It needs that kernel: a notebook opened '
-                "again shows only this line until the cell runs again.</p>")
+                f'target="_blank">{self.url}</a> (also in a tab of its own; server log: {self.log}). It needs that '
+                "kernel: a notebook opened again shows only this line until the cell runs again.</p>")
         return {"text/html": note + server_document(self.url, resources=None),
                 "text/plain": f"matryoshka_lab workbench served at {self.url} by this notebook's kernel (run the cell to see it)"}, {}
 
@@ -932,13 +954,50 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-def serve_here(wb: Workbench, origins: list[str]) -> Served:
-    "Serve wb's layout from this process's event loop on a free port of 127.0.0.1, to pages from `origins` (and its own address): every page shows the same live workbench."
+SERVER_LOG = Path(tempfile.gettempdir()) / "matryoshka_lab_workbench.log"
+
+def quiet_server_logs(path: Path = SERVER_LOG) -> Path:
+    "Send Bokeh's and tornado's log records to a file, not to stderr: a kernel writes stderr into the output of the cell running then (Panel gives Bokeh's logger a stderr handler; logging's last resort prints there too)."
+    for name in ("bokeh", "tornado"):
+        logger = logging.getLogger(name)
+        for h in [h for h in logger.handlers if type(h) is logging.StreamHandler]:   # stderr / stdout, not files
+            logger.removeHandler(h)
+        if not any(getattr(h, "baseFilename", None) == str(path) for h in logger.handlers):
+            handler = logging.FileHandler(path, encoding="utf-8")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)
+        logger.propagate = False
+    return path
+
+def serve_here(wb: Workbench, origins: list[str], period_ms: int = PERIOD_MS) -> Served:
+    "Serve wb's layout on a free port of 127.0.0.1 to pages from `origins` (and its own address), and call wb.tick every period_ms, both on a thread with its own event loop: the page stays live while the notebook runs other cells."
     from panel.io.server import get_server
-    port = _free_port()
-    server = get_server(wb.layout, port=port, address="127.0.0.1", websocket_origin=[*origins, f"127.0.0.1:{port}"],
-                        start=True, show=False, title="matryoshka_lab workbench")
-    return Served(server, f"http://127.0.0.1:{port}")
+    from tornado.ioloop import IOLoop, PeriodicCallback
+    port, ready, made = _free_port(), threading.Event(), {}
+    log = quiet_server_logs()
+
+    def run():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        try:
+            made["loop"] = loop = IOLoop.current()
+            made["server"] = get_server(wb.layout, port=port, address="127.0.0.1", loop=loop, show=False,
+                                        websocket_origin=[*origins, f"127.0.0.1:{port}"], title="matryoshka_lab workbench")
+            made["server"].start()
+            made["tick"] = PeriodicCallback(wb.tick, period_ms)
+            made["tick"].start()
+        except Exception as err:                     # said in the kernel by serve_here, not lost in the thread
+            made["error"] = err
+            return
+        finally:
+            ready.set()
+        loop.start()
+
+    thread = threading.Thread(target=run, name=f"matryoshka_lab workbench on port {port}", daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in made:
+        raise made["error"]
+    return Served(made["server"], f"http://127.0.0.1:{port}", made["loop"], thread, made["tick"], log)
 
 _SHOWN: dict = {}      # what show() started in this kernel, by the cell that ran it (_cell_key)
 
@@ -964,9 +1023,10 @@ def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_
         if pn.state.curdoc is None or pn.state.curdoc.session_context is None:
             origins = jupyter_origins() if served else []
             if origins:
-                wb.served = serve_here(wb, origins)
+                wb.served = serve_here(wb, origins, period_ms)   # it ticks the workbench on its own thread
             else:
-                pn.extension("plotly", inline=True)
-        wb.callback = pn.state.add_periodic_callback(wb.tick, period=period_ms)
+                pn.extension("plotly", "vega", inline=True)
+        if wb.served is None:
+            wb.callback = pn.state.add_periodic_callback(wb.tick, period=period_ms)
         _SHOWN[key] = wb
     return wb

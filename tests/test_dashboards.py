@@ -4,6 +4,7 @@ served workbench and of the same workbench inline in a JupyterLab notebook (matr
 The browser tests need Debian's chromium and Playwright for Python; they are skipped without them unless
 MATRYOSHKA_LAB_REQUIRE_BROWSER=1 (set by .ci/run), in which case they fail. Screenshots go to tests/artifacts/.
 """
+import concurrent.futures
 import contextlib
 import itertools
 import json
@@ -15,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -767,6 +769,67 @@ def test_notebook_cell_run_again_stops_the_workbench_it_showed(tmp_path):
         wait_shown(page.locator(".ml-step").last, "step 5")
         assert second != first and answers(second), (first, second)
         assert not answers(first), f"the first run's server at {first} still answers"
+
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < {seconds}:    # pure Python: the GIL is held as a long cell holds it\n    sum(range(1000))"
+
+
+def refused_websocket(url: str, origin: str) -> int:
+    "Open the Bokeh websocket of the server at url from a page of `origin` (which it does not serve): the HTTP status of the refusal."
+    import asyncio
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.websocket import websocket_connect
+    async def attempt():
+        try:
+            await websocket_connect(HTTPRequest(url.replace("http", "ws", 1) + "/ws", headers={"Origin": origin}))
+        except HTTPClientError as err:
+            return err.code
+        return 101
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:          # (Playwright's loop runs in this thread)
+        return pool.submit(asyncio.run, attempt()).result(timeout=60)
+
+
+def test_notebook_page_stays_live_while_another_cell_runs(tmp_path):
+    "show() in JupyterLab, then a cell that keeps the kernel busy for 60 s: steps another process writes meanwhile show within 2 s; a refused websocket's log line goes to the server log, not into the saved notebook."
+    browser_or_skip()
+    runs = live_runs(tmp_path)
+    path = tmp_path / "busy.ipynb"
+    cells = [{**NOTEBOOK["cells"][0], "source": NOTEBOOK["cells"][0]["source"].format(root=str(runs))},
+             {**NOTEBOOK["cells"][0], "id": "c1", "source": BUSY.format(seconds=60)}]
+    path.write_text(json.dumps({**NOTEBOOK, "cells": cells}))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page(1400, 2200) as page:      # tall: the app and the busy cell in one shot
+        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/busy.ipynb?token=t")
+        step = page.locator(".ml-step").last
+        wait_shown(step, "step 5")
+        url = page.locator(".ml-served a").first.get_attribute("href")
+        page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor >> visible=true").nth(1).click()
+        page.keyboard.press("Shift+Enter")
+        prompt = page.locator(".jp-Notebook .jp-Cell .jp-InputPrompt >> visible=true").nth(1)
+        deadline = time.time() + 20
+        while "*" not in prompt.inner_text() and time.time() < deadline:
+            time.sleep(0.1)
+        assert "*" in prompt.inner_text(), prompt.inner_text()           # the busy cell runs
+        started, seen = time.time(), []
+        for n in (50, 51, 52):
+            seen.append(seconds_to_show(step, runs / "live", n))
+            time.sleep(8)
+        origin = f"http://elsewhere-{port}.invalid"
+        assert refused_websocket(url, origin) == 403
+        assert "*" in prompt.inner_text() and time.time() - started < 60   # all of it while the cell still ran
+        page.screenshot(path=str(ARTIFACTS / "notebook_busy_kernel.png"), full_page=True)
+        deadline = time.time() + 90
+        while "*" in prompt.inner_text() and time.time() < deadline:
+            time.sleep(0.5)
+        page.locator(".jp-Notebook .jp-Cell >> visible=true").first.click()
+        page.keyboard.press("Control+s")
+        _, text = saved_outputs(path)
+    log = Path(tempfile.gettempdir()) / "matryoshka_lab_workbench.log"
+    assert origin in log.read_text(errors="replace"), "the refusal was not logged to the server log"
+    saved = json.loads(path.read_text())
+    assert origin not in json.dumps(saved) and "Refusing" not in json.dumps(saved), text[:2000]
+    print(f"steps shown {', '.join(f'{s:.2f}' for s in seen)} s after they were written, the kernel busy")
 
 
 def saved_outputs(path: Path, seconds: float = 30) -> tuple[int, str]:
