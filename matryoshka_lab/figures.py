@@ -161,7 +161,7 @@ def difference_chart(a: pd.DataFrame, b: pd.DataFrame, task: str, metric: str,
         color=alt.condition(f"abs(datum.delta) > {0.6 * m}", alt.value("white"), alt.value("black")))
     head = title or f"{task}: {metric}, {names[0]} − {names[1]}" + ("" if step is None else f", step {step}")
     note = f"{only} cells in only one of the two grids are left out" if only else ""
-    return _titled(alt.layer(rect, text), head, note)
+    return _titled(alt.layer(rect, text).properties(width=alt.Step(52), height=alt.Step(24)), head, note)   # a cell fits "+8.64"
 
 # %% ../nbs/06_figures.ipynb #06f021
 def spectra_chart(spectra: Mapping[str, Sequence[float]],   # label (a layer, a step, a run) -> its spectrum v [D]

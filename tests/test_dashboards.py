@@ -4,6 +4,7 @@ served workbench and of the same workbench inline in a JupyterLab notebook (matr
 The browser tests need Debian's chromium and Playwright for Python; they are skipped without them unless
 MATRYOSHKA_LAB_REQUIRE_BROWSER=1 (set by .ci/run), in which case they fail. Screenshots go to tests/artifacts/.
 """
+import base64
 import concurrent.futures
 import contextlib
 import itertools
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -830,6 +832,70 @@ def test_notebook_page_stays_live_while_another_cell_runs(tmp_path):
     saved = json.loads(path.read_text())
     assert origin not in json.dumps(saved) and "Refusing" not in json.dumps(saved), text[:2000]
     print(f"steps shown {', '.join(f'{s:.2f}' for s in seen)} s after they were written, the kernel busy")
+
+
+FIGURES_NOTEBOOK = [
+    "import pandas as pd\nfrom matryoshka_lab.explorer import Explorer\n"
+    "angle = pd.read_csv({summary!r})\nfour = angle[angle.method.isin(['base', 'mrl', '2dmse', 'ese'])]\n"
+    "ex = Explorer(four, by='method')\nex",
+    "from matryoshka_lab.figures import difference_chart, prefix_chart\n"
+    "mean = lambda m: four[four.method == m].groupby(['task', 'layer', 'dim', 'metric'], as_index=False).value.mean()\n"
+    "display(prefix_chart(four, 'stsb', 'spearman', by='method'))\n"
+    "display(prefix_chart(four[four.method == '2dmse'], 'stsb', 'spearman', layer='each', by='method'))\n"
+    "difference_chart(mean('mrl'), mean('base'), 'stsb', 'spearman', ('mrl', 'base'))"]
+
+
+def test_notebook_explorer_and_figures_show_offline_and_save_small(tmp_path):
+    "JupyterLab runs the explorer and three altair figures (no network): JupyterLab draws them, a changed widget redraws the explorer's figure, the saved notebook is under 1 MB, and nbconvert's HTML of it shows all four figures in Chromium."
+    browser_or_skip()
+    path = tmp_path / "figures.ipynb"
+    summary = str(ROOT / "results" / "baselines" / "angle" / "summary.csv")
+    cells = [{**NOTEBOOK["cells"][0], "id": f"f{i}", "source": src.format(summary=summary)} for i, src in enumerate(FIGURES_NOTEBOOK)]
+    path.write_text(json.dumps({**NOTEBOOK, "cells": cells}))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page(1400, 2400) as page:
+        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/figures.ipynb?token=t", shows=".widget-dropdown")
+        page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor >> visible=true").nth(1).click()
+        page.keyboard.press("Shift+Enter")
+        drawn = page.locator(".jp-OutputArea-output .vega-embed")
+        deadline = time.time() + 60
+        while drawn.count() < 4 and time.time() < deadline:
+            time.sleep(0.25)
+        assert drawn.count() == 4, f"JupyterLab drew {drawn.count()} of 4 figures"
+        dropdowns = page.locator(".widget-dropdown select")             # figure, task, metric, precision, layer, ...
+        dropdowns.nth(1).select_option(label="stsb")
+        time.sleep(1)
+        dropdowns.nth(4).select_option(label="3")
+        time.sleep(2)
+        page.screenshot(path=str(ARTIFACTS / "notebook_explorer_figures.png"), full_page=True)
+        page.locator(".jp-Notebook .jp-Cell >> visible=true").first.click()
+        page.keyboard.press("Control+s")
+        deadline = time.time() + 30
+        while time.time() < deadline and "layer 3" not in path.read_text():
+            time.sleep(0.5)
+    saved = json.loads(path.read_text())
+    outputs = [o for c in saved["cells"] for o in c["outputs"]]
+    titles = [o["data"]["application/vnd.vegalite.v5+json"]["title"]["text"] for o in outputs
+              if "application/vnd.vegalite.v5+json" in o.get("data", {})]
+    assert titles == ["stsb: spearman, layer 3", "stsb: spearman, layer 6", "stsb: spearman, every layer",
+                      "stsb: spearman, mrl − base"], titles          # the explorer's figure is the one drawn last
+    assert all("image/svg+xml" in o["data"] for o in outputs if "application/vnd.vegalite.v5+json" in o.get("data", {}))
+    size = path.stat().st_size
+    assert size < 1_000_000, size
+    res = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(path)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with chromium_page(1400, 2400) as page:
+        page.goto(path.with_suffix(".html").as_uri())
+        figures = page.locator(".jp-RenderedSVG img")                   # nbconvert shows the SVG copies as images
+        assert figures.count() == 4, figures.count()
+        assert all(figures.nth(i).evaluate("e => e.complete && e.naturalWidth > 100") for i in range(4))
+        first = figures.first.get_attribute("src")
+        assert "stsb: spearman, layer 3" in (base64.b64decode(first.split(",", 1)[1]).decode() if ";base64," in first
+                                             else urllib.parse.unquote(first))
+        page.screenshot(path=str(ARTIFACTS / "nbconvert_figures.png"), full_page=True)
+    print(f"saved notebook with the explorer and three figures: {size / 1e3:.0f} KB")
 
 
 def saved_outputs(path: Path, seconds: float = 30) -> tuple[int, str]:
