@@ -149,14 +149,14 @@ def difference_chart(a: pd.DataFrame, b: pd.DataFrame, task: str, metric: str,
                          f"{list(tb.index)}, dims {list(ta.columns)} and {list(tb.columns)})")
     only = int(ta.size + tb.size - 2 * len(long))
     m = float(long.delta.abs().max()) or 1.0
-    digits = 2 if m < 10 else 1
+    digits = 1 if m >= 1 else 2            # tenths once a point is the unit that matters; hundredths below it
     base = alt.Chart(long).encode(x=alt.X("dim:O", title="prefix dim d", sort=sorted(long.dim.unique()),
                                           axis=alt.Axis(labelAngle=0)),
                                   y=alt.Y("layer:O", title="layer", sort="descending"))
     rect = base.mark_rect().encode(
         color=alt.Color("delta:Q", title="Δ", scale=alt.Scale(scheme="redblue", domain=[-m, m])),
         tooltip=["layer:O", "dim:O", alt.Tooltip("delta:Q", format=f"+.{digits + 1}f")])
-    text = base.mark_text(fontSize=9).encode(
+    text = base.mark_text(fontSize=8).encode(
         text=alt.Text("delta:Q", format=f"+.{digits}f"),
         color=alt.condition(f"abs(datum.delta) > {0.6 * m}", alt.value("white"), alt.value("black")))
     head = title or f"{task}: {metric}, {names[0]} − {names[1]}" + ("" if step is None else f", step {step}")
