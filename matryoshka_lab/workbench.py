@@ -9,11 +9,8 @@ import asyncio
 import io
 import ipaddress
 import json
-import logging
 import os
 import re
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,16 +28,17 @@ from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
 from .compare import PrefixCompare, compare_bars
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
 from .figures import Colours
+from .notebook_copy import STATIC_EVERY_S, NotebookCopy
+from .serving import Served, jupyter_origins, serve_here
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'WAIT_S',
-           'COMPARE_TAB', 'SERVER_LOG', 'client_allowed', 'empty_figure', 'axis_title', 'smooth', 'lines_figure',
-           'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab',
-           'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin',
-           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
-           'build_app', 'Served', 'jupyter_origins', 'quiet_server_logs', 'serve_here', 'show']
+           'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train',
+           'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab', 'find_grids',
+           'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin',
+           'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -817,6 +815,7 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         self.root = Path(root or runs_root()).resolve()
         self.callback = None                               # the periodic callback, once show() registered one
         self.served = None                                 # show()'s server in a notebook kernel (Served)
+        self.copy = None                                   # show()'s static copy of the figures in the notebook
         self.ticks = 0
         first = self._init_runs(run)
         self._init_monitor()
@@ -829,6 +828,11 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
         self.open_run(first)
         self.status.object = asked or self.status.object
         self.tabs.param.watch(self._tab_shown, "active")   # Compare reads its runs when first shown, not per session
+
+    def static_figures(self) -> dict:
+        "The figures a notebook's static copy shows (notebook_copy): the Monitor's curves and grid, Compare's prefix figures once drawn."
+        return {"train": self.train_plot.object, "eval": self.eval_plot.object, "grid": self.grid_plot.object,
+                **self.cmp_prefix.charts}
 
     def _repr_mimebundle_(self, include=None, exclude=None):   # a notebook displays the served app, else the layout
         return self.served.bundle() if self.served else self.layout._repr_mimebundle_(include, exclude)
@@ -884,6 +888,8 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                 self.refresh_runs()
                 self.refresh_arrays()
                 self.refresh_compare()
+                if self.copy is not None:
+                    self.copy.refresh()                # at most every copy.every_s, when something changed
         except Exception as err:        # a bad file must never stop the periodic callback
             self.status.object = f"error while refreshing: {type(err).__name__}: {err}"
 
@@ -903,102 +909,6 @@ def _polled() -> bool:
     except RuntimeError:
         return False
 
-@dataclass
-class Served:
-    "A workbench served from a thread of the notebook's kernel with an event loop of its own: the Bokeh server, its address, and the thread's loop, tick and log."
-    server: object
-    url: str
-    loop: object = None         # the thread's tornado IOLoop (the server and the tick run on it)
-    thread: object = None
-    tick: object = None         # the PeriodicCallback calling Workbench.tick on that loop
-    log: Path | None = None     # where the server's log lines go (never into a cell's output)
-    stopped: bool = False       # stop() ran (a Bokeh server refuses a second stop)
-
-    def stop(self) -> None:
-        "Stop the tick, the server and the thread (on the thread's own loop, where they run); again, nothing."
-        if self.stopped:
-            return
-        self.stopped = True
-        def close():
-            if self.tick is not None:
-                self.tick.stop()
-            self.server.stop()
-            self.loop.stop()
-        if self.loop is None:
-            self.server.stop()
-            return
-        self.loop.add_callback(close)
-        self.thread.join(timeout=10)
-
-    def bundle(self) -> tuple[dict, dict]:
-        "The cell output: a line that says what it is (all a notebook reopened without the kernel shows), and the script that loads the app from the server (Bokeh's server_document: a few KB)."
-        from bokeh.embed import server_document
-        note = (f'<p class="ml-served">The live workbench, served by this notebook\'s kernel at <a href="{self.url}" '
-                f'target="_blank">{self.url}</a> (also in a tab of its own; server log: {self.log}). It needs that '
-                "kernel: a notebook opened again shows only this line until the cell runs again.</p>")
-        return {"text/html": note + server_document(self.url, resources=None),
-                "text/plain": f"matryoshka_lab workbench served at {self.url} by this notebook's kernel (run the cell to see it)"}, {}
-
-def jupyter_origins() -> list[str]:
-    "host:port of every Jupyter server running on this machine, as localhost and 127.0.0.1: the pages a notebook's output lives in ([] when none is found)."
-    try:
-        from jupyter_server.serverapp import list_running_servers
-        ports = sorted({int(s["port"]) for s in list_running_servers()})
-    except Exception:               # no jupyter_server, or an unreadable runtime folder: nothing known
-        ports = []
-    return [f"{host}:{port}" for port in ports for host in ("localhost", "127.0.0.1")]
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-SERVER_LOG = Path(tempfile.gettempdir()) / "matryoshka_lab_workbench.log"
-
-def quiet_server_logs(path: Path = SERVER_LOG) -> Path:
-    "Send Bokeh's and tornado's log records to a file, not to stderr: a kernel writes stderr into the output of the cell running then (Panel gives Bokeh's logger a stderr handler; logging's last resort prints there too)."
-    for name in ("bokeh", "tornado"):
-        logger = logging.getLogger(name)
-        for h in [h for h in logger.handlers if type(h) is logging.StreamHandler]:   # stderr / stdout, not files
-            logger.removeHandler(h)
-        if not any(getattr(h, "baseFilename", None) == str(path) for h in logger.handlers):
-            handler = logging.FileHandler(path, encoding="utf-8")
-            handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-            logger.addHandler(handler)
-        logger.propagate = False
-    return path
-
-def serve_here(wb: Workbench, origins: list[str], period_ms: int = PERIOD_MS) -> Served:
-    "Serve wb's layout on a free port of 127.0.0.1 to pages from `origins` (and its own address), and call wb.tick every period_ms, both on a thread with its own event loop: the page stays live while the notebook runs other cells."
-    from panel.io.server import get_server
-    from tornado.ioloop import IOLoop, PeriodicCallback
-    port, ready, made = _free_port(), threading.Event(), {}
-    log = quiet_server_logs()
-
-    def run():
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        try:
-            made["loop"] = loop = IOLoop.current()
-            made["server"] = get_server(wb.layout, port=port, address="127.0.0.1", loop=loop, show=False,
-                                        websocket_origin=[*origins, f"127.0.0.1:{port}"], title="matryoshka_lab workbench")
-            made["server"].start()
-            made["tick"] = PeriodicCallback(wb.tick, period_ms)
-            made["tick"].start()
-        except Exception as err:                     # said in the kernel by serve_here, not lost in the thread
-            made["error"] = err
-            return
-        finally:
-            ready.set()
-        loop.start()
-
-    thread = threading.Thread(target=run, name=f"matryoshka_lab workbench on port {port}", daemon=True)
-    thread.start()
-    ready.wait()
-    if "error" in made:
-        raise made["error"]
-    return Served(made["server"], f"http://127.0.0.1:{port}", made["loop"], thread, made["tick"], log)
-
 _SHOWN: dict = {}      # what show() started in this kernel, by the cell that ran it (_cell_key)
 
 def _cell_key(root, run) -> tuple:
@@ -1013,7 +923,8 @@ def _cell_key(root, run) -> tuple:
 def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_LAB_RUNS or ./runs
          run: str | None = None,            # the run to open first (awaited if it has not started yet)
          period_ms: int = PERIOD_MS,
-         served: bool = True) -> Workbench:   # False: Panel's inline output, its JavaScript in the notebook (~16 MB)
+         served: bool = True,                # False: Panel's inline output, its JavaScript in the notebook (~16 MB)
+         static_every_s: float = STATIC_EVERY_S) -> Workbench:   # served: the figures' static copy made again this often
     "The workbench in a notebook, its tick() called every period_ms while a kernel runs it (no-op elsewhere): served from the kernel to the local Jupyter server's pages (serve_here), the notebook keeping a few KB; inline, with the JavaScript embedded, when served=False or no Jupyter server is found (another notebook front end). The cell run again stops the workbench it showed before."
     key = _cell_key(root, run)
     if key in _SHOWN:
@@ -1023,7 +934,12 @@ def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_
         if pn.state.curdoc is None or pn.state.curdoc.session_context is None:
             origins = jupyter_origins() if served else []
             if origins:
-                wb.served = serve_here(wb, origins, period_ms)   # it ticks the workbench on its own thread
+                wb.copy = NotebookCopy(wb.static_figures, lambda: (wb.step.object, wb.tail.lines if wb.tail else 0),
+                                       lambda: f"The figures as of {wb.step.object} ({time.strftime('%H:%M:%S')}), a static "
+                                               "copy for this notebook opened without its kernel: click to open",
+                                       static_every_s)
+                wb.copy.show()                                   # an output above the live app's, kept current
+                wb.served = serve_here(wb.layout, wb.tick, origins, period_ms)   # it ticks the workbench on its thread
             else:
                 pn.extension("plotly", "vega", inline=True)
         if wb.served is None:

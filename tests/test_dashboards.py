@@ -940,6 +940,39 @@ def test_saved_notebook_stays_small_and_says_it_needs_a_kernel(tmp_path):
     assert sizes["served.ipynb"] < 500_000 < sizes["inline.ipynb"]
 
 
+def test_a_notebook_opened_without_its_kernel_shows_the_figures_as_they_last_were(tmp_path):
+    "show() in JupyterLab keeps a static copy of its figures above the live app, made again while the run goes on; saved, converted by nbconvert (no kernel) and opened in Chromium, it shows the newest step's figures."
+    browser_or_skip()
+    runs = live_runs(tmp_path)
+    path = notebook_with(tmp_path, "copy.ipynb", f"from matryoshka_lab.workbench import show\nshow({str(runs)!r}, 'live', static_every_s=1)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    with jupyter_lab(tmp_path, port), chromium_page() as page:
+        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/copy.ipynb?token=t")
+        step = page.locator(".ml-step").last
+        wait_shown(step, "step 5")
+        summary = page.locator("details.ml-static summary").first
+        assert "as of step 5" in summary.inner_text(), summary.inner_text()
+        seconds_to_show(step, runs / "live", 44)
+        deadline = time.time() + 30                      # a slow tick (5 s) after the step, the copy is made again
+        while "as of step 44" not in summary.inner_text() and time.time() < deadline:
+            time.sleep(0.5)
+        assert "as of step 44" in summary.inner_text(), summary.inner_text()
+        page.locator(".jp-Notebook .jp-Cell >> visible=true").first.click()
+        page.keyboard.press("Control+s")
+        size, text = saved_outputs(path)
+    assert "as of step 44" in text and "needs that kernel" in text and size < 500_000, (size, text[:500])
+    res = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(path)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with chromium_page() as page:
+        page.goto(path.with_suffix(".html").as_uri())
+        page.locator("details.ml-static summary").first.click()
+        images = page.locator("details.ml-static img")
+        assert images.count() == 3 and all(images.nth(i).evaluate("e => e.complete && e.naturalWidth > 200") for i in range(3))
+        page.screenshot(path=str(ARTIFACTS / "notebook_without_kernel.png"), full_page=True)
+
+
 def test_the_tutorials_first_cells_run_again_in_jupyterlab(tmp_path):
     "nbs/25_your_method.ipynb in JupyterLab with a kernel: its first code cells run, run again as a reader re-runs them, and the check after them prints the loss's pairs (the first cell once deleted the kernel's working directory: every later cell failed with FileNotFoundError)."
     browser_or_skip()
