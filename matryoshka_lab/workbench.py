@@ -27,18 +27,19 @@ from .dashboard import (
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
 from .compare import PrefixCompare, compare_bars
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
-from .figures import Colours
+from .figures import Colours, spectra_chart
 from .notebook_copy import STATIC_EVERY_S, NotebookCopy
 from .serving import Served, jupyter_origins, serve_here
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'GRID_BYTES', 'WAIT_S',
-           'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train',
-           'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane', 'with_exports', 'tab', 'find_grids',
-           'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin', 'MonitorMixin',
-           'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'show']
+           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT',
+           'GRID_BYTES', 'WAIT_S', 'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth',
+           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane',
+           'with_exports', 'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser',
+           'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
+           'Workbench', 'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -49,6 +50,7 @@ COLUMNS = ["task", "layer", "dim", "metric", "value"]
 NOT_DEFAULT = ("lr", "grad_norm", "deferred")   # training curves not shown until chosen (deferred: a count of rows, not a loss)
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
 MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
+SPECTRA_OVERLAYS = ("every layer at this step", "this layer at up to 6 steps")   # the Snapshots tab's overlay of spectra
 SMOOTHING = 0.6        # the training curves' smoothing at first (TensorBoard's default weight)
 TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
 TABLE_ROWS = 500       # rows of the Compare table at most (it says when it shows fewer than match)
@@ -576,9 +578,13 @@ class SnapshotMixin:
         self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=SIDEBAR, visible=False)
         self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR, visible=False)
         self.snap_plot = figure_pane(empty_figure("no snapshots in this run"), height=GRID_HEIGHT)
+        self.overlay_of = pn.widgets.Select(label="Spectra overlaid", options=list(SPECTRA_OVERLAYS), width=SIDEBAR, visible=False)
+        self.spectra_plot = pn.pane.Vega(None, sizing_mode="stretch_width", height=380, visible=False,
+                                         css_classes=["ml-spectra"])
         self.array_select.param.watch(lambda e: self.refresh_snapshots(follow=True), "value")
         self.snap_slider.param.watch(lambda e: self.draw_snapshot(), "value")
         self.layer_input.param.watch(lambda e: self.draw_snapshot(), "value")
+        self.overlay_of.param.watch(lambda e: self.draw_snapshot(), "value")
 
     def refresh_arrays(self) -> None:
         "List the open run's snapshot series (named in words); keep the chosen one if it is still there."
@@ -592,8 +598,10 @@ class SnapshotMixin:
     def refresh_snapshots(self, follow: bool) -> None:
         "List the chosen series' steps; the slider moves to the newest when following or already at the end."
         name = self.array_select.value
-        self.layer_input.visible = name == "diag_variance"   # the one view drawn for one layer
+        self.layer_input.visible = self.overlay_of.visible = name == "diag_variance"   # the one view drawn for one layer
         steps = list_snapshots(self.run_dir, name) if (self.run_dir and name) else []
+        if not steps or name != "diag_variance":
+            self.spectra_plot.visible = False
         if not steps:
             self.snap_slider.visible = False
             text = "no snapshots in this run" if not name else f"{name}: no snapshots"
@@ -621,8 +629,23 @@ class SnapshotMixin:
             layer = max(-L, min(L - 1, int(self.layer_input.value or -1)))
             self.snap_plot.object = fit(snapshot_figure(name, a, dims=dims if isinstance(dims, list) else None,
                                                         layer=layer, step=step))
+            if name == "diag_variance" and a.ndim == 2:
+                self.spectra_plot.object = self.spectra_overlay(a, layer, step, dims if isinstance(dims, list) else ())
+                self.spectra_plot.visible = True
         except (OSError, ValueError) as err:
             self.snap_plot.object = fit(empty_figure(f"{name} at step {step}: cannot read ({type(err).__name__})"))
+
+    def spectra_overlay(self, a: np.ndarray, layer: int, step: int, dims):
+        "Variance spectra overlaid (figures.spectra_chart): every layer of a [L+1, D] at this step, or this layer at up to 6 steps."
+        if self.overlay_of.value == SPECTRA_OVERLAYS[0]:
+            spectra, what = {f"layer {l}": v for l, v in enumerate(a)}, f"every layer, step {step}"
+        else:
+            steps = list(self.snap_slider.options)
+            steps = sorted({*steps[::max(1, len(steps) // 5)], steps[-1]})
+            spectra = {f"step {s}": load_snapshot(self.run_dir, "diag_variance", s)[layer] for s in steps}
+            what = f"layer {range(len(a))[layer]}, steps {steps[0]} to {steps[-1]}"
+        return spectra_chart(spectra, dims, colours=self.series_colours,
+                             title=f"variance per dimension, {what}").properties(width="container")
 
 # %% ../nbs/24_workbench.ipynb #20c025
 class SteerabilityMixin:
@@ -858,8 +881,8 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                       pn.Row(with_exports(self.train_plot, "train_curves"),
                              with_exports(self.eval_plot, "eval_metrics"), sizing_mode="stretch_width"),
                       with_exports(self.grid_plot, "eval_grid"))
-        snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input],
-                    with_exports(self.snap_plot, "snapshot"), self.steer_box, self.steer_hint)
+        snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input, self.overlay_of],
+                    with_exports(self.snap_plot, "snapshot"), self.spectra_plot, self.steer_box, self.steer_hint)
         compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_step, self.cmp_button, self.cmp_metric,
                                   *self.cmp_prefix.controls()],
                       self.cmp_table, self.cmp_prefix.panel(),
