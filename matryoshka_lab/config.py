@@ -107,7 +107,7 @@ class TrainConfig:
     min_pair_score: float = 4.0               # infonce on scored pairs: pairs at or above this are positives
     seed: int = 0
     log_every: int = 1
-    checkpoint_every: int = 50                # steps between checkpoints, and one at the end (0: none; the run cannot resume)
+    checkpoint_every: int = 50                # steps between checkpoints, and one at the end or a stop (0: only then; -1: none, no resume)
     keep_checkpoints: int = 2                 # newest checkpoints kept (0: all); 2 leaves one to fall back on
     light_checkpoints: bool = False           # older kept checkpoints keep their weights only (no optimizer state: not resumable)
     eval_every: int = 0                       # steps between evaluations (0: only at the end; -1: never)
@@ -150,7 +150,7 @@ class TrainConfig:
                   (self.temperature > 0, f"temperature must be positive, got {self.temperature}"),
                   (self.reinit_layers >= 0, f"reinit_layers must be 0 or more, got {self.reinit_layers}"),
                   (self.log_every >= 1, f"log_every must be at least 1, got {self.log_every}"),
-                  (self.checkpoint_every >= 0, f"checkpoint_every must be 0 (no checkpoints) or more, got {self.checkpoint_every}"),
+                  (self.checkpoint_every >= -1, f"checkpoint_every must be -1 (no checkpoints), 0 (only at the end) or more, got {self.checkpoint_every}"),
                   (self.keep_checkpoints >= 0, f"keep_checkpoints must be 0 (all) or more, got {self.keep_checkpoints}"),
                   (self.eval_every >= -1, f"eval_every must be -1 (never), 0 (at the end) or more, got {self.eval_every}"),
                   (len(self.eval_tasks) >= 1 or self.eval_every == -1, "eval_tasks is empty: name a task, or eval_every=-1"),

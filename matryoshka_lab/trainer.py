@@ -100,7 +100,7 @@ class EvalCallback(Callback):
         self._run(trainer)
 
 class CheckpointCallback(Callback):
-    "Save a checkpoint every `every` steps and at the end, none when every is 0 (rank 0 writes it, with every process's RNG state); only finite weights."
+    "Save a checkpoint every `every` steps and at the end (or a stop), only there when every is 0, none when -1 (rank 0 writes it, with every process's RNG state); only finite weights."
     order = 8                   # before the step's evaluation (order 10): a failing evaluation costs no checkpoint
     def __init__(self, every: int, keep: int = 2, light: bool = False):
         self.every, self.keep, self.light, self.saved = every, keep, light, None
@@ -121,7 +121,7 @@ class CheckpointCallback(Callback):
         if self.every > 0 and trainer.step % self.every == 0:
             self._save(trainer)
     def after_fit(self, trainer):
-        if self.every > 0 and self.saved != trainer.step:
+        if self.every >= 0 and self.saved != trainer.step:
             self._save(trainer)
 
 def _diverged(trainer, gave_loss: bool) -> str:

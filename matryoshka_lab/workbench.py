@@ -885,9 +885,12 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                     with_exports(self.snap_plot, "snapshot"), self.spectra_plot, self.steer_box, self.steer_hint)
         compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_step, self.cmp_button, self.cmp_metric,
                                   *self.cmp_prefix.controls()],
-                      self.cmp_table, self.cmp_prefix.panel(),
-                      pn.Row(with_exports(self.cmp_plot, "compare"), with_exports(self.cmp_lines, "compare_curves"),
-                             sizing_mode="stretch_width"))
+                      pn.Tabs(("Values as of one step", pn.Column(
+                                  self.cmp_table, pn.Row(with_exports(self.cmp_plot, "compare"),
+                                                         with_exports(self.cmp_lines, "compare_curves"),
+                                                         sizing_mode="stretch_width"), sizing_mode="stretch_width")),
+                              ("Quality against prefix size", self.cmp_prefix.panel()), dynamic=False,
+                              sizing_mode="stretch_width"))   # one under the other, the page ran past a window
         self.grid_views = [GridBrowser(self.root), BudgetBrowser(self.root)]
         self.tabs = pn.Tabs(monitor, snaps, compare, *(v.layout for v in self.grid_views), dynamic=False,
                             sizing_mode="stretch_width")

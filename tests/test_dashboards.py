@@ -628,6 +628,7 @@ def test_browser_compare_draws_the_prefix_overlay_and_the_difference(tmp_path):
             time.sleep(0.3)
         wait_shown(note, "Runs at step 4, the newest step all have evaluated completely")
         assert "mrl_s2 (step 8 is partial)" in shown(note), shown(note)
+        page.get_by_text("Quality against prefix size", exact=True).first.click()   # Compare's second tab
         titles = {".ml-overlay": "stsb_dev: spearman, layer 2, step 4",
                   ".ml-difference": "stsb_dev: spearman, mrl_s0, step 4 − base, step 4"}
         for pane, title in titles.items():                          # Vega draws SVG: its text is on the page
@@ -1044,6 +1045,9 @@ def compare_in_page(page, runs, pattern):
     page.get_by_text("Compare", exact=True).first.click()
     pick = page.locator("input.choices__input--cloned >> visible=true")
     pick.wait_for(timeout=20_000)
+    note, deadline = page.locator(".ml-prefix-note"), time.time() + 30   # the default runs have come (the open run
+    while not any(t in shown(note) for t in ("Runs at", "No layer x dim", "Choose runs")) and time.time() < deadline:
+        time.sleep(0.2)                                                 # and another): cleared only once they are there
     while page.locator("button.choices__button >> visible=true").count():
         page.locator("button.choices__button >> visible=true").first.click()
         time.sleep(0.3)

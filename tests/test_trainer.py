@@ -643,10 +643,10 @@ def test_hard_negatives_reach_every_method_that_takes_candidates(method, tiny_en
     assert math.isfinite(with_negatives) and abs(with_negatives - without) > 1e-4, (with_negatives, without)
 
 
-def test_checkpoint_every_0_writes_no_checkpoint(tiny_encoder, tmp_path):
-    "checkpoint_every=0: no checkpoint, not even at the end (each is 3x the model); the model folder is still exported; 3 saves a checkpoint at step 3 and one at the end (step 5)."
+def test_checkpoint_every_minus_1_writes_no_checkpoint(tiny_encoder, tmp_path):
+    "checkpoint_every=-1: no checkpoint, not even at the end (each is 3x the model); the model folder is still exported. 0: one at the end only; 3: at step 3 and at the end (step 5)."
     data = TrainData([f"sentence number {i}" for i in range(40)])
-    for every, want in ((0, None), (3, ["step_0000003", "step_0000005"])):
+    for every, want in ((-1, None), (0, ["step_0000005"]), (3, ["step_0000003", "step_0000005"])):
         run = tmp_path / f"every{every}"
         Trainer(make_config({"run_dir": str(run), "max_steps": 5, "batch_size": 4, "dims": [8, 32], "keep_checkpoints": 0,
                              "checkpoint_every": every, "eval_every": -1}), encoder=tiny_encoder("bert"), data=data,
@@ -654,3 +654,5 @@ def test_checkpoint_every_0_writes_no_checkpoint(tiny_encoder, tmp_path):
         saved = sorted(p.name for p in (run / "checkpoints").iterdir()) if (run / "checkpoints").exists() else None
         assert saved == want, (every, saved)
         assert (run / "model" / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match=r"checkpoint_every must be -1 \(no checkpoints\), 0 \(only at the end\) or more, got -2"):
+        make_config({"checkpoint_every": -2})
