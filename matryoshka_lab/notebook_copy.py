@@ -11,6 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import altair as alt
+
 from .figures import render
 from .plots import with_png
 
@@ -22,7 +24,7 @@ STATIC_EVERY_S = 30.0    # s: the copy is made again at most this often (PNG dra
 
 def _image(fig) -> str:
     "One figure as an <img>: a plotly figure as PNG (plots.with_png), an altair chart as SVG (figures.render)."
-    if hasattr(fig, "to_dict") and hasattr(fig, "mark_point"):       # altair
+    if isinstance(fig, alt.TopLevelMixin):                           # Chart, LayerChart, HConcatChart ...
         data, mime = render(fig, "svg", 5.0, 3.0), "image/svg+xml"
     else:
         data, mime = with_png(fig).png(), "image/png"
