@@ -730,7 +730,12 @@ class CompareMixin:
     def default_runs(self) -> list[str]:
         "The open run, then the first other run that has logged a layer x dim evaluation (one without would leave nothing to compare)."
         first = [self.picker.value] if self.picker.value in self.names else []
-        other = next((n for n in self.names if n not in first and len(run_evals(self.root, n))), None)
+        def evaluated(name):
+            try:
+                return len(run_evals(self.root, name)) > 0
+            except ValueError:                           # a run the workbench refuses to read
+                return False
+        other = next((n for n in self.names if n not in first and evaluated(n)), None)
         return first + ([other] if other else [])
 
     def _runs_chosen(self) -> None:
