@@ -5,13 +5,11 @@
 # %% ../nbs/03_budget.ipynb #03a002
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'bytes_per_vector', 'budget_cells', 'pareto', 'advise', 'plot_frontier']
+__all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'bytes_per_vector', 'budget_cells', 'pareto', 'advise']
 
 # %% ../nbs/03_budget.ipynb #03a005
 RETRIEVAL_PRECISIONS = ("float32", "int8", "binary")
@@ -74,30 +72,3 @@ def advise(grid: pd.DataFrame, task: str, tolerance: float = 0.01, metric: str |
         picks["latency"] = ok.dropna(subset=["latency_us"]).sort_values(["latency_us", "score"], ascending=[True, False]).iloc[0]
     out = pd.DataFrame([{"task": task, "tolerance": tolerance, "cheapest_by": by, **r.to_dict()} for by, r in picks.items()])
     return out.astype({"layer": int, "dim": int, "bytes_per_vector": int})
-
-# %% ../nbs/03_budget.ipynb #03a018
-_PRECISION_COLORS = {"float32": "#1f77b4", "int8": "#2ca02c", "int8+rescore": "#98df8a", "binary": "#d62728",
-                     "binary+rescore": "#ff9896"}
-
-def plot_frontier(grid: pd.DataFrame, task: str, tolerances=(0.01, 0.05), metric: str | None = None):
-    "Quality against bytes a vector for every (layer, dim, precision) cell of `task`, its Pareto frontier, the tolerance floors and advise's picks (Plotly)."
-    import plotly.graph_objects as go
-    cells = budget_cells(grid, task, metric)
-    fig = go.Figure()
-    for p, g in cells.groupby("precision", sort=False):
-        fig.add_scatter(x=g.bytes_per_vector, y=g.score, mode="markers", name=p, opacity=0.6,
-                        marker=dict(color=_PRECISION_COLORS.get(p, "grey"), size=6),
-                        text=[f"layer {l}, dim {d}" for l, d in zip(g.layer, g.dim)], hovertemplate="%{text}: %{y:.2f}, %{x} B")
-    front = pareto(cells)
-    x, y = front.bytes_per_vector.to_numpy(), front.score.to_numpy()
-    fig.add_scatter(x=np.repeat(x, 2)[1:], y=np.repeat(y, 2)[:-1], mode="lines", name="Pareto frontier",
-                    line=dict(color="black", width=1))                      # a step: flat until the next frontier cell
-    ref, span = float(cells.score[cells.ratio == 1.0].iloc[0]), [cells.bytes_per_vector.min(), cells.bytes_per_vector.max()]
-    fig.add_scatter(x=span, y=[ref, ref], mode="lines", name=f"full model {ref:.1f}", line=dict(color="black", dash="dot", width=1))
-    for t, colour in zip(tolerances, itertools.cycle(("#555555", "#999999", "#bbbbbb"))):
-        a = advise(grid, task, t, metric).iloc[0]
-        fig.add_scatter(x=span, y=[ref * (1 - t)] * 2, mode="lines", showlegend=False, line=dict(color=colour, dash="dash", width=1))
-        fig.add_scatter(x=[a.bytes_per_vector], y=[a.score], mode="markers", marker=dict(symbol="circle-open", size=14, color=colour),
-                        name=f"{t * 100:g}%: layer {a.layer}, dim {a.dim}, {a.precision}, {a.bytes_per_vector} B")
-    return fig.update_layout(title=f"{task}: quality per byte", xaxis_title="bytes a vector (log)", yaxis_title=metric or RETRIEVAL_METRIC,
-                             xaxis_type="log", height=420, width=760)

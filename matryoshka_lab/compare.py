@@ -17,7 +17,7 @@ from .evaluations import RunGrids, read_grids
 from .figures import Colours, difference_chart, prefix_chart, render
 
 # %% auto #0
-__all__ = ['BAR_KINDS', 'BARS_PER_KIND', 'SIZE', 'compare_bars', 'parse_size', 'PrefixCompare']
+__all__ = ['BAR_KINDS', 'BARS_PER_KIND', 'SIZE', 'compare_bars', 'parse_size', 'chart_exports', 'PrefixCompare']
 
 # %% ../nbs/23_compare.ipynb #23c005
 BAR_KINDS, BARS_PER_KIND = 3, 12   # the Compare bars: panels (one per kind of metric) and bars per run in each
@@ -64,6 +64,20 @@ def parse_size(text: str) -> tuple[float, float]:
         raise ValueError(f"a size is 'WIDTH x HEIGHT' in inches, each up to 40 (e.g. {SIZE!r}), not {text!r}")
     return float(m[1]), float(m[2])
 
+def chart_exports(get_chart, stem: str,            # get_chart() -> the altair chart shown, at click time (or None)
+                  size: pn.widgets.TextInput | None = None) -> pn.Row:   # 'WIDTH x HEIGHT' inches; None: a box of its own
+    "SVG, PDF and 300-dpi PNG download buttons of the chart get_chart() returns at click time, at size.value inches (a size box first when it has its own)."
+    own = size is None
+    size = pn.widgets.TextInput(value=SIZE, width=80, placeholder="w x h, in") if own else size
+    def payload(fmt):
+        chart = get_chart()
+        if chart is None:
+            return io.BytesIO(b"")
+        w, h = parse_size(size.value)
+        return io.BytesIO(render(chart, fmt, w, h))
+    return pn.Row(*[size] * own, *[pn.widgets.FileDownload(callback=lambda fmt=fmt: payload(fmt), filename=f"{stem}.{fmt}",
+                                                           label=f"Export {fmt.upper()}", width=130) for fmt in ("svg", "pdf", "png")])
+
 class PrefixCompare:
     "The Compare tab's Matryoshka figures of the chosen runs at their common step: quality against prefix size (seed groups pooled) and one run's difference from the reference, with exports at a size."
     def __init__(self, root: str | Path, colours: Colours,   # the session's colours: a run's colour in every tab
@@ -87,18 +101,9 @@ class PrefixCompare:
 
     def panel(self) -> pn.Column:
         "The two figures, each over its export buttons, and the note on runs left out."
-        return pn.Column(self.note, self.overlay, self._exports("overlay"), self.difference, self._exports("difference"),
+        exports = {w: chart_exports(lambda w=w: self.charts[w], w, self.size) for w in self.charts}
+        return pn.Column(self.note, self.overlay, exports["overlay"], self.difference, exports["difference"],
                          sizing_mode="stretch_width")
-
-    def _exports(self, which: str) -> pn.Row:
-        def payload(fmt):
-            chart = self.charts[which]
-            if chart is None:
-                return io.BytesIO(b"")
-            w, h = parse_size(self.size.value)
-            return io.BytesIO(render(chart, fmt, w, h))
-        return pn.Row(*[pn.widgets.FileDownload(callback=lambda fmt=fmt: payload(fmt), filename=f"{which}.{fmt}",
-                                                label=f"Export {fmt.upper()}", width=130) for fmt in ("svg", "pdf", "png")])
 
     def update(self, runs: list[str], tails: dict | None = None) -> None:   # tails: run -> its open MetricsTail
         "Read the runs' grids as of their common step and redraw (the task / metric kept when the runs still have it)."

@@ -18,15 +18,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plots import cka_heatmap, correlation_heatmap, heatmap, level_curves, spectrum_bars, to_matplotlib
+from .figures import fractal_rows, steerability_chart
+from .plots import cka_heatmap, correlation_heatmap, heatmap, spectrum_bars, to_matplotlib
 from .runs import array_dir, array_file, array_steps, parse_record
 
 # %% auto #0
-__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'SNAPSHOTS', 'runs_root', 'resolve_run', 'run_file',
-           'read_file', 'safe_runs', 'is_run', 'Series', 'MetricStore', 'MetricsTail', 'list_arrays', 'list_snapshots',
-           'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'name_parts', 'metric_kind',
-           'last_layer_pattern', 'metric_direction', 'snapshot_label', 'snapshot_figure', 'fractal_results',
-           'steerability_curves', 'figure_html', 'figure_png']
+__all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'SNAPSHOTS', 'EXPORT_FORMATS', 'runs_root',
+           'resolve_run', 'run_file', 'read_file', 'safe_runs', 'is_run', 'Series', 'MetricStore', 'MetricsTail',
+           'list_arrays', 'list_snapshots', 'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'name_parts',
+           'metric_kind', 'last_layer_pattern', 'metric_direction', 'snapshot_label', 'snapshot_figure',
+           'fractal_results', 'steerability_curves', 'figure_export']
 
 # %% ../nbs/20_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -389,21 +390,27 @@ def fractal_results(run_dir: str | Path, max_bytes: int = 16 << 20) -> dict[str,
             continue
     return out
 
-def steerability_curves(result: dict, condition: str):
-    "Mean accuracy of each level against prefix length for one condition of a Fractal result, mean S in the title."
-    summ = result["summary"].get(condition, {})
-    acc, s = summ.get("acc_mean", {}), summ.get("S_mean")
-    names = dict(zip([f"L{i}" for i in range(len(result["levels"]))], result["levels"]))
-    return level_curves(list(acc.values()), result["dims"], [names.get(k, k) for k in acc],
-                        f"{condition}: accuracy per level vs prefix length" + ("" if s is None else f", S = {s:+.3f}"))
+def steerability_curves(result: dict, name: str = "", evaluation: str | None = None):
+    "Each level's accuracy against prefix length for every condition of a Fractal result (seeds: mean and interval), each condition's mean S in the subtitle."
+    s = {c: v["S_mean"] for c, v in result["summary"].items() if isinstance(v, dict) and v.get("S_mean") is not None}
+    said = ", ".join(f"{v:+.3f} ({c})" for c, v in s.items())
+    return steerability_chart(fractal_rows(result, evaluation), subtitle=f"mean S = {said}" if said else "",
+                              title=f"{name + ': ' if name else ''}accuracy per level against prefix size")
 
 # %% ../nbs/20_dashboard.ipynb #19c038
-def figure_html(fig) -> bytes:
-    "A plotly figure as a self-contained HTML page."
-    return fig.to_html(include_plotlyjs=True, full_html=True).encode("utf-8")
+EXPORT_FORMATS = ("html", "png", "svg", "pdf")
 
-def figure_png(fig, dpi: int = 100) -> bytes:
-    "A plotly figure redrawn with matplotlib (`plots.to_matplotlib`: its heatmap, bar and line traces), as PNG bytes."
+def figure_export(fig, fmt: str = "png", width_in: float | None = None, height_in: float | None = None,
+                  dpi: int = 100) -> bytes:   # a PNG's pixels per inch
+    "A plotly figure as a self-contained HTML page, or redrawn with matplotlib (`plots.to_matplotlib`: its heatmap, bar and line traces) as PNG, SVG or PDF bytes of width_in x height_in inches (default: its own size at 100 px an inch)."
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"figures are exported as {', '.join(EXPORT_FORMATS)}, not {fmt!r}")
+    if fmt == "html":
+        return fig.to_html(include_plotlyjs=True, full_html=True).encode("utf-8")
+    if width_in is not None or height_in is not None:
+        if not ((width_in or 0) > 0 and (height_in or 0) > 0):
+            raise ValueError(f"the size must be positive: got {width_in} x {height_in} inches")
+        fig = type(fig)(fig).update_layout(width=width_in * 100, height=height_in * 100)   # a copy: the pane's keeps its size
     buf = io.BytesIO()
-    to_matplotlib(fig, dpi).savefig(buf, format="png", bbox_inches="tight")
+    to_matplotlib(fig, 100).savefig(buf, format=fmt, dpi=dpi, metadata={"Software": None} if fmt == "png" else None)
     return buf.getvalue()

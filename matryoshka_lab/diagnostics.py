@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from .core import parse_dims
 from .data import RetrievalData, Task, load_task
 from .losses import _check_dims, _check_size
-from .plots import cka_heatmap, correlation_heatmap, level_curves, spectrum_bars   # torch-free figures
+from .figures import steerability_chart
+from .plots import cka_heatmap, correlation_heatmap, spectrum_bars   # torch-free figures
 from .methods import Callback
 
 # %% auto #0
@@ -349,8 +350,8 @@ def steerability_metrics(acc, decimals: int = 12) -> dict:
 
 # %% ../nbs/08_diagnostics.ipynb #18c056
 def steerability_figure(acc, dims: Sequence[int], levels: Sequence[str] | None = None,
-                        title: str = "accuracy per level vs prefix length"):
-    "Lines of acc [V, J] (fractal.prefix_accuracy: row 0 coarse .. last fine) against the prefix sizes dims [J], S, S_AUC, S_mono in the title."
+                        title: str = "accuracy per level against prefix size"):
+    "Lines of acc [V, J] (fractal.prefix_accuracy: row 0 coarse .. last fine) against the prefix sizes dims [J] (an altair chart), S, S_AUC, S_mono in the subtitle."
     m = steerability_metrics(acc)                       # checks acc: [V >= 2, J >= 2], finite
     a = np.asarray(acc, dtype=np.float64)
     dims = list(_check_dims(dims))
@@ -358,8 +359,11 @@ def steerability_figure(acc, dims: Sequence[int], levels: Sequence[str] | None =
         raise ValueError(f"acc has {a.shape[1]} prefixes (columns) but dims has {len(dims)}")
     if levels is not None and len(levels) != a.shape[0]:
         raise ValueError(f"acc has {a.shape[0]} levels (rows) but levels has {len(levels)}")
-    return level_curves(a, dims, levels, f"{title}<br><sup>S = {m['S']:+.3f}, S_AUC = {m['S_AUC']:+.3f}, "
-                                         f"S_mono = {m['S_mono']:.2f}</sup>")
+    names = [f"L{v}" for v in range(a.shape[0])] if levels is None else [str(v) for v in levels]
+    rows = pd.DataFrame([("", n, d, a[v, j]) for v, n in enumerate(names) for j, d in enumerate(dims)],
+                        columns=["condition", "level", "dim", "acc"])
+    return steerability_chart(rows, subtitle=f"S = {m['S']:+.3f}, S_AUC = {m['S_AUC']:+.3f}, S_mono = {m['S_mono']:.2f}",
+                              title=title)
 
 # %% ../nbs/08_diagnostics.ipynb #18c060
 def grid_frame(grid, dims: Sequence[int], layers: Sequence[int] | None = None, metric: str = "value",

@@ -16,11 +16,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .budget import RETRIEVAL_METRIC, advise, budget_cells, pareto
 from .plots import grid_table
 
 # %% auto #0
-__all__ = ['PALETTE', 'SEED_FREE', 'CONFIDENCE', 'VEGALITE_MIME', 'PAPER', 'FORMATS', 'Colours', 'seed_groups', 'seed_summary',
-           'prefix_chart', 'difference_chart', 'spectra_chart', 'notebook_bundle', 'render', 'save']
+__all__ = ['PALETTE', 'SEED_FREE', 'CONFIDENCE', 'PRECISION_COLOURS', 'VEGALITE_MIME', 'PAPER', 'FORMATS', 'Colours',
+           'seed_groups', 'seed_summary', 'prefix_chart', 'difference_chart', 'spectra_chart', 'fractal_rows',
+           'steerability_chart', 'frontier_chart', 'notebook_bundle', 'render', 'save']
 
 # %% ../nbs/06_figures.ipynb #06f005
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
@@ -74,8 +76,11 @@ def seed_summary(df: pd.DataFrame, by: str = "run", confidence: float = CONFIDEN
     missing = sorted({by, "task", "layer", "dim", "metric", "value"} - set(df.columns))
     if missing:
         raise ValueError(f"the grid has no column {missing} (it has {list(df.columns)})")
-    out = (df.groupby([by, "task", "layer", "dim", "metric"], sort=False).value
-           .agg(mean="mean", n="count", sd="std").reset_index())
+    return _interval(df, [by, "task", "layer", "dim", "metric"], "value", confidence)
+
+def _interval(df: pd.DataFrame, keys: list[str], value: str, confidence: float) -> pd.DataFrame:
+    "Per group of `keys`, over its rows of `value`: mean, n, sd and the Student-t interval lo, hi of the mean."
+    out = df.groupby(keys, sort=False)[value].agg(mean="mean", n="count", sd="std").reset_index()
     half = stats.t.ppf(0.5 + confidence / 2, out.n - 1) * out.sd / np.sqrt(out.n)
     return out.assign(lo=out["mean"] - half, hi=out["mean"] + half)
 
@@ -93,7 +98,7 @@ def _cells(df: pd.DataFrame, task: str, metric: str) -> pd.DataFrame:
         raise ValueError(f"no rows for task {task!r} and metric {metric!r}; have: {sorted(set(zip(df.task, df.metric)))}")
     return sel
 
-def _titled(chart, title: str, subtitle: str = ""):
+def _titled(chart, title: str, subtitle: str | list[str] = ""):   # a list: a line each
     return chart.properties(title=alt.TitleParams(title, subtitle=subtitle or alt.Undefined, anchor="start"))
 
 def prefix_chart(df: pd.DataFrame, task: str, metric: str,
@@ -112,35 +117,49 @@ def prefix_chart(df: pd.DataFrame, task: str, metric: str,
         sel = sel[sel.layer == layer]
     s = seed_summary(sel, by, confidence)
     s[by] = s[by].astype(str)
-    groups = list(dict.fromkeys(s[by]))
-    colours = colours or Colours()
-    x, y = _dim_axis(s.dim), alt.Y("mean:Q", title=metric, scale=alt.Scale(zero=False))
     if layer == "each":
         colour = dict(field="layer", type="ordinal", scale=alt.Scale(scheme="viridis"), title="layer")
-        marks = dict(detail=f"{by}:N", strokeDash=alt.StrokeDash(f"{by}:N", title=by, legend=alt.Legend(symbolType="stroke"))
-                     if len(groups) > 1 else alt.Undefined)
     else:
-        colour, marks = dict(field=by, type="nominal", scale=colours.scale(groups), title=by), {}
+        colour = dict(field=by, type="nominal", scale=(colours or Colours()).scale(list(s[by])), title=by)
     tip = [alt.Tooltip(f"{by}:N"), "layer:O", "dim:Q", alt.Tooltip("mean:Q", format=".2f"), "n:Q",
            alt.Tooltip("lo:Q", format=".2f"), alt.Tooltip("hi:Q", format=".2f")]
-    base = alt.Chart(s)
-    lines = base.mark_line(point=True).encode(x, y, alt.Color(**colour), tooltip=tip, **marks)
-    seeds = int(s.n.max())
-    if seeds > 1:
-        band = base.transform_filter("datum.n > 1").mark_area(opacity=0.18).encode(
-            x, alt.Y("lo:Q", title=metric), alt.Y2("hi:Q"), alt.Fill(**colour, legend=None),   # the legend: the lines'
-            detail=f"{by}:N" if layer == "each" else alt.Undefined)
-        lines = alt.layer(band, lines).resolve_legend(color="independent", fill="independent")
+    lines = _curves(s, colour, by if layer == "each" else None, metric, tip)
     where = "every layer" if layer == "each" else f"layer {layer}"
     head = title or f"{task}: {metric}, {where}" + ("" if step is None else f", step {step}")
-    note = f"mean and {confidence:.0%} t-interval over up to {seeds} seeds" if seeds > 1 else ""
-    return _titled(lines, head, note)
+    return _titled(lines, head, _seed_note(s, confidence))
+
+def _curves(s: pd.DataFrame, colour: dict,   # s: _interval's table with a `dim` column; colour: the lines' alt.Color
+            dash: str | None,                # a column telling lines of one colour apart (a dash each), or None
+            y_title: str, tooltip: list):
+    "Lines of s's means against prefix size, one per colour (and dash), over the t-interval band of cells with n > 1."
+    x, y, base = _dim_axis(s.dim), alt.Y("mean:Q", title=y_title, scale=alt.Scale(zero=False)), alt.Chart()
+    marks = {}
+    if dash is not None:
+        marks["detail"] = f"{dash}:N"
+        if s[dash].nunique() > 1:
+            marks["strokeDash"] = alt.StrokeDash(f"{dash}:N", title=dash, sort=list(dict.fromkeys(s[dash])),
+                                                 legend=alt.Legend(symbolType="stroke", symbolStrokeColor="#444444",
+                                                                   symbolSize=500, symbolStrokeWidth=1.5))
+    # the points a layer of their own: a line with point=True draws no symbols in its dash legend
+    layers = [base.mark_line().encode(x, y, alt.Color(**colour), tooltip=tooltip, **marks),
+              base.mark_point(filled=True, size=20, opacity=1).encode(x, y, alt.Color(**colour, legend=None), tooltip=tooltip)]
+    if int(s.n.max()) > 1:
+        band = base.transform_filter("datum.n > 1").mark_area(opacity=0.18).encode(
+            x, alt.Y("lo:Q", title=y_title), alt.Y2("hi:Q"), alt.Fill(**colour, legend=None),   # the legend: the lines'
+            detail=marks.get("detail", alt.Undefined))
+        layers.insert(0, band)
+    return alt.layer(*layers, data=s).resolve_legend(color="independent", fill="independent")
+
+def _seed_note(s: pd.DataFrame, confidence: float) -> str:
+    seeds = int(s.n.max())
+    return f"mean and {confidence:.0%} t-interval over up to {seeds} seeds" if seeds > 1 else ""
 
 # %% ../nbs/06_figures.ipynb #06f018
 def difference_chart(a: pd.DataFrame, b: pd.DataFrame, task: str, metric: str,
                      names: tuple[str, str] = ("a", "b"),   # what a and b are, for the title
-                     step: int | None = None, title: str | None = None):
-    "Heatmap of `metric` on `task`, grid a minus grid b (tidy, one row a cell), layers up and prefix dims across, on a red-blue scale symmetric about 0 spanning the largest difference."
+                     step: int | None = None, title: str | None = None,
+                     span: float | None = None):          # the scale's half-width (default: the largest |difference|), to share one among panels
+    "Heatmap of `metric` on `task`, grid a minus grid b (tidy, one row a cell), layers up and prefix dims across, on a red-blue scale symmetric about 0 spanning the largest difference (or +-span)."
     ta, tb = grid_table(a, task, metric), grid_table(b, task, metric)
     delta = ta.sub(tb)
     long = delta.stack().dropna().rename("delta").reset_index()
@@ -148,7 +167,7 @@ def difference_chart(a: pd.DataFrame, b: pd.DataFrame, task: str, metric: str,
         raise ValueError(f"the two grids of {task!r} {metric!r} share no cell (layers {list(ta.index)} and "
                          f"{list(tb.index)}, dims {list(ta.columns)} and {list(tb.columns)})")
     only = int(ta.size + tb.size - 2 * len(long))
-    m = float(long.delta.abs().max()) or 1.0
+    m = float(span or long.delta.abs().max()) or 1.0
     digits = 1 if m >= 1 else 2            # tenths once a point is the unit that matters; hundredths below it
     base = alt.Chart(long).encode(x=alt.X("dim:O", title="prefix dim d", sort=sorted(long.dim.unique()),
                                           axis=alt.Axis(labelAngle=0)),
@@ -166,26 +185,107 @@ def difference_chart(a: pd.DataFrame, b: pd.DataFrame, task: str, metric: str,
 # %% ../nbs/06_figures.ipynb #06f021
 def spectra_chart(spectra: Mapping[str, Sequence[float]],   # label (a layer, a step, a run) -> its spectrum v [D]
                   boundaries: Sequence[int] = (),              # prefix sizes d: a dashed rule after dimension d
-                  log_y: bool = True, colours: Colours | None = None, title: str = "variance per dimension"):
-    "Variance spectra v [D] overlaid, a line per label against dimension j = 1..D, with a dashed rule after each prefix boundary."
+                  log_y: bool = True, colours: Colours | None = None, title: str = "variance per dimension",
+                  cumulative: bool = False,    # the share of the total variance held by dims 1..j instead, beside equal shares
+                  legend: bool = True):        # False: none (a panel beside one that has it)
+    "Variance spectra v [D] overlaid, a line per label against dimension j = 1..D (or, cumulative, the share sum(v[:j]) / sum(v)), with a dashed rule after each prefix boundary."
     if not spectra:
         raise ValueError("no spectra to draw")
-    rows = [pd.DataFrame({"series": str(k), "j": np.arange(1, len(v) + 1), "variance": np.asarray(v, dtype=np.float64)})
-            for k, v in spectra.items()]
+    labels, colours = [str(k) for k in spectra], colours or Colours()
+    scale = colours.scale(labels)
+    def values(v):
+        v = np.asarray(v, dtype=np.float64)
+        return np.cumsum(v) / v.sum() if cumulative else v
+    rows = [pd.DataFrame({"series": str(k), "j": np.arange(1, len(v) + 1), "variance": values(v)}) for k, v in spectra.items()]
+    if cumulative:
+        D = max(len(v) for v in spectra.values())
+        rows.append(pd.DataFrame({"series": "equal variance per dim", "j": [1, D], "variance": [1 / D, 1.0]}))
+        scale = alt.Scale(domain=[*labels, "equal variance per dim"], range=[colours[n] for n in labels] + ["#999999"])
     df = pd.concat(rows, ignore_index=True)
+    log_y = log_y and not cumulative
     if log_y:
         df = df[df.variance > 0]          # a log axis cannot place 0; a dead dimension drops out of the line
-    colours = colours or Colours()
     lines = alt.Chart(df).mark_line(strokeWidth=1.2).encode(
         alt.X("j:Q", title="dimension j", scale=alt.Scale(domain=[1, int(df.j.max())], nice=False)),
-        alt.Y("variance:Q", title="variance v_j", scale=alt.Scale(type="log" if log_y else "linear")),
-        alt.Color("series:N", title="", scale=colours.scale([str(k) for k in spectra])),
+        alt.Y("variance:Q", title="share of the variance in dims 1..j" if cumulative else "variance v_j",
+              scale=alt.Scale(type="log" if log_y else "linear")),
+        alt.Color("series:N", title="", scale=scale, legend=alt.Legend() if legend else None),
         tooltip=["series:N", "j:Q", alt.Tooltip("variance:Q", format=".3g")])
     cuts = [d + 0.5 for d in boundaries if 0 < d < int(df.j.max())]
     if cuts:
         rules = alt.Chart(pd.DataFrame({"cut": cuts})).mark_rule(strokeDash=[4, 3], color="#888888").encode(x="cut:Q")
         lines = alt.layer(lines, rules)
     return _titled(lines, title)
+
+# %% ../nbs/06_figures.ipynb #06f031
+def fractal_rows(result: Mapping, evaluation: str | None = None) -> pd.DataFrame:
+    "A Fractal result's accuracies as tidy rows (condition, seed, level 'L0: domain', dim, acc): every seed's, at `evaluation` (default: the run's own), else the summary's means."
+    dims, names = [int(d) for d in result["dims"]], {f"L{i}": f"L{i}: {v}" for i, v in enumerate(result["levels"])}
+    def at(by_eval: Mapping, own: Mapping | None):
+        if evaluation is None:
+            return own
+        if evaluation not in by_eval:
+            raise ValueError(f"the result has no evaluation {evaluation!r}; it has {sorted(by_eval)}")
+        return by_eval[evaluation]
+    if result.get("runs"):
+        sources = [(r["condition"], r.get("seed"), at(r.get("acc_by_eval", {}), r["acc"])) for r in result["runs"]]
+    else:
+        sources = [(c, None, at(s.get("acc_mean_by_eval", {}), s["acc_mean"])) for c, s in result["summary"].items()]
+    rows = [(c, seed, names.get(k, k), d, np.nan if a is None else float(a))
+            for c, seed, acc in sources for k, row in acc.items() for d, a in zip(dims, row, strict=True)]
+    return pd.DataFrame(rows, columns=["condition", "seed", "level", "dim", "acc"])
+
+def steerability_chart(rows: pd.DataFrame,     # tidy: level, dim, acc and `by`; rows of one cell are seeds
+                       by: str = "condition", confidence: float = CONFIDENCE,
+                       subtitle: str = "",     # e.g. the S values of each condition
+                       title: str = "accuracy per level against prefix size", y_title: str = "accuracy"):
+    "Each hierarchy level's accuracy against prefix size d (log 2 axis; colour: level, in the rows' order, coarse first; dash: `by`), seeds as the mean and t-interval band."
+    missing = sorted({by, "level", "dim", "acc"} - set(rows.columns))
+    if missing:
+        raise ValueError(f"the rows have no column {missing} (they have {list(rows.columns)})")
+    rows = rows.dropna(subset=["acc"]).astype({by: str, "level": str})
+    if rows.empty:
+        raise ValueError("no accuracies to draw")
+    s = _interval(rows, [by, "level", "dim"], "acc", confidence)
+    levels = list(dict.fromkeys(rows.level))
+    colour = dict(field="level", type="nominal", sort=levels, scale=Colours(levels).scale(levels), title="level")
+    tip = [alt.Tooltip(f"{by}:N"), "level:N", "dim:Q", alt.Tooltip("mean:Q", format=".3f"), "n:Q",
+           alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")]
+    lines = _curves(s, colour, by, y_title, tip)
+    return _titled(lines, title, "; ".join(t for t in (subtitle, _seed_note(s, confidence)) if t))
+
+# %% ../nbs/06_figures.ipynb #06f034
+PRECISION_COLOURS = {"float32": "#4c78a8", "int8": "#54a24b", "int8+rescore": "#9fd88f", "binary": "#e45756",
+                     "binary+rescore": "#ff9d98"}
+
+def frontier_chart(grid: pd.DataFrame, task: str, tolerances: Sequence[float] = (0.01, 0.05), metric: str | None = None,
+                   title: str | None = None):
+    "Quality against bytes a vector for every (layer, dim, precision) cell of `task` (budget.budget_cells), its Pareto frontier, the full model, each tolerance's floor and advise's pick."
+    cells = budget_cells(grid, task, metric)
+    metric = metric or RETRIEVAL_METRIC
+    ref = float(cells.score[cells.ratio == 1.0].iloc[0])
+    picks = pd.concat([advise(grid, task, t, metric).iloc[:1] for t in tolerances], ignore_index=True)
+    picks["label"] = [f"{t:.1%}".replace(".0%", "%") for t in picks.tolerance]
+    order = [p for p in PRECISION_COLOURS if p in set(cells.precision)] + sorted(set(cells.precision) - set(PRECISION_COLOURS))
+    x = alt.X("bytes_per_vector:Q", title="bytes a vector (log 2)", scale=alt.Scale(type="log", base=2))
+    y = alt.Y("score:Q", title=metric, scale=alt.Scale(zero=False))
+    tip = ["layer:O", "dim:Q", "precision:N", alt.Tooltip("score:Q", format=".2f"), alt.Tooltip("ratio:Q", format=".1%"),
+           "bytes_per_vector:Q"]
+    points = alt.Chart(cells).mark_circle(opacity=0.6).encode(
+        x, y, alt.Color("precision:N", sort=order, title="precision",
+                        scale=alt.Scale(domain=order, range=[PRECISION_COLOURS.get(p, "#888888") for p in order])),
+        alt.Size("layer:O", title="layer", legend=None, scale=alt.Scale(range=[10, 70])), tooltip=tip)
+    front = alt.Chart(pareto(cells)).mark_line(interpolate="step-after", color="black", strokeWidth=1).encode(x, y)
+    floors = pd.DataFrame({"score": [ref] + [ref * (1 - t) for t in tolerances],
+                           "line": ["full model"] + [f"{t:.1%}".replace(".0%", "%") + " below" for t in tolerances]})
+    rules = alt.Chart(floors).mark_rule(color="#666666", strokeWidth=0.8).encode(
+        y="score:Q", strokeDash=alt.condition("datum.line == 'full model'", alt.value([1, 2]), alt.value([5, 3])),
+        tooltip=["line:N", alt.Tooltip("score:Q", format=".2f")])
+    rings = alt.Chart(picks).mark_point(shape="circle", size=220, filled=False, color="black", strokeWidth=1.2).encode(x, y, tooltip=tip)
+    names = alt.Chart(picks).mark_text(align="left", dx=10, dy=-9, fontSize=9).encode(x, y, text="label:N")
+    said = [f"within {l}: layer {p.layer}, dim {p.dim}, {p.precision}, {p.bytes_per_vector} B"
+            for l, (_, p) in zip(picks.label, picks.iterrows())]       # a line each
+    return _titled(alt.layer(points, front, rules, rings, names), title or f"{task}: quality per byte", said)
 
 # %% ../nbs/06_figures.ipynb #06f024
 VEGALITE_MIME = "application/vnd.vegalite.v5+json"   # the Vega-Lite type JupyterLab 4 renders
@@ -215,27 +315,31 @@ alt.renderers.register("matryoshka_lab", notebook_bundle)
 if alt.renderers.active == "default":    # the user chose none: altair's default needs a network
     alt.renderers.enable("matryoshka_lab")
 
-def render(chart, fmt: str = "svg", width_in: float = 3.5, height_in: float = 2.5,
+def render(chart, fmt: str = "svg",
+           width_in: float | None = 3.5, height_in: float | None = 2.5,   # None, None: the chart's own size (panels of a concatenated chart size themselves)
            dpi: int = 300,                  # a PNG's pixels per inch (its size, and the dpi it records)
            config: dict | None = None) -> bytes:   # Vega-Lite config over the chart's; default PAPER
     "The chart as SVG, PNG or PDF bytes of width_in x height_in inches, axes, legend and title included."
     fmt = fmt.lower().lstrip(".")
     if f".{fmt}" not in FORMATS:
         raise ValueError(f"figures are written as {', '.join(FORMATS)}, not {fmt!r}")
-    if not (width_in > 0 and height_in > 0 and dpi > 0):
+    sized = (width_in, height_in) != (None, None)
+    if not (dpi > 0 and (not sized or (width_in or 0) > 0 and (height_in or 0) > 0)):
         raise ValueError(f"the size must be positive: got {width_in} x {height_in} inches at {dpi} dpi")
-    spec = chart.properties(width=width_in * 72, height=height_in * 72,
-                            autosize=alt.AutoSizeParams(type="fit", contains="padding")).to_dict()
+    spec = (chart.properties(width=width_in * 72, height=height_in * 72,
+                             autosize=alt.AutoSizeParams(type="fit", contains="padding")) if sized else chart).to_dict()
     vlc, config = _vl_convert(), PAPER if config is None else config
     if fmt == "png":
         return vlc.vegalite_to_png(spec, ppi=dpi, config=config)
     if fmt == "pdf":
         return vlc.vegalite_to_pdf(spec, config=config)
     svg = vlc.vegalite_to_svg(spec, config=config)
+    if not sized:
+        return svg.encode("utf-8")
     return re.sub(r'^(<svg[^>]*?) width="[\d.]+" height="[\d.]+"', rf'\1 width="{width_in:g}in" height="{height_in:g}in"',
                   svg, count=1).encode("utf-8")
 
-def save(chart, path: str | Path, width_in: float = 3.5, height_in: float = 2.5, dpi: int = 300,
+def save(chart, path: str | Path, width_in: float | None = 3.5, height_in: float | None = 2.5, dpi: int = 300,
          config: dict | None = None) -> Path:
     "Write chart to PATH as SVG, PNG or PDF (by its suffix) of width_in x height_in inches (render)."
     path = Path(path)

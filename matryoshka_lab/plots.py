@@ -13,7 +13,7 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['heatmap', 'grid_table', 'headline', 'plot_grid', 'save_heatmaps', 'spectrum_bars', 'correlation_heatmap',
-           'cka_heatmap', 'level_curves', 'to_matplotlib', 'with_png']
+           'cka_heatmap', 'to_matplotlib', 'with_png']
 
 # %% ../nbs/05_plots.ipynb #04c012
 def heatmap(z, x: Sequence, y: Sequence, title: str, x_title: str, y_title: str,
@@ -123,17 +123,6 @@ def cka_heatmap(m, x_labels: Sequence | None = None, y_labels: Sequence | None =
     y = range(m.shape[0]) if y_labels is None else y_labels
     return heatmap(m, x, y, title, x_title, y_title, colorbar="CKA", colorscale="Viridis",
                    zmin=float(np.nanmin(m, initial=0.0)), zmax=1)
-
-def level_curves(acc, dims: Sequence[int], levels: Sequence | None = None,
-                 title: str = "accuracy per level vs prefix length"):
-    "One line per hierarchy level of acc [V, J] (rows: levels, coarse first; default names L0..) against the prefix sizes dims [J]."
-    import plotly.graph_objects as go
-    dims = list(dims)
-    levels = [f"L{v}" for v in range(len(acc))] if levels is None else levels
-    fig = go.Figure([go.Scatter(x=dims, y=np.asarray(row, dtype=np.float64), mode="lines+markers", name=str(name))
-                     for name, row in zip(levels, acc)])
-    return fig.update_layout(title=title, xaxis_title="prefix length d", yaxis_title="accuracy",
-                             xaxis=dict(tickmode="array", tickvals=dims), height=380, width=560)
 
 # %% ../nbs/05_plots.ipynb #04c020
 def _mpl_colour(c):

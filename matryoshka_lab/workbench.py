@@ -12,7 +12,6 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +20,15 @@ import pandas as pd
 import panel as pn
 
 from .dashboard import (
-    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_html, figure_png, fractal_results,
+    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_export, fractal_results,
     is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
     read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
-from .budget import RETRIEVAL_METRIC, advise, budget_cells, plot_frontier
-from .compare import PrefixCompare, compare_bars
+from .budget import RETRIEVAL_METRIC, advise, budget_cells
+from .compare import SIZE, PrefixCompare, chart_exports, compare_bars, parse_size
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
-from .figures import Colours, spectra_chart
+from .figures import Colours, frontier_chart, spectra_chart
 from .notebook_copy import STATIC_EVERY_S, NotebookCopy
-from .serving import Served, jupyter_origins, serve_here
+from .serving import jupyter_origins, serve_here
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
@@ -136,13 +135,12 @@ def default_eval(names: list[str], task: str | None = None) -> list[str]:
 
 # %% ../nbs/24_workbench.ipynb #20c010
 def export_row(get_fig, stem: str) -> pn.Row:
-    "HTML and PNG download buttons for the figure get_fig() returns at click time."
+    "Download buttons for the plotly figure get_fig() returns at click time: HTML, and SVG, PDF, 300-dpi PNG at the size typed beside them."
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
-    return pn.Row(
-        pn.widgets.FileDownload(callback=lambda: io.BytesIO(figure_html(get_fig())), filename=f"{safe}.html",
-                                label="Export HTML", width=150),
-        pn.widgets.FileDownload(callback=lambda: io.BytesIO(figure_png(get_fig())), filename=f"{safe}.png",
-                                label="Export PNG", width=150))
+    size = pn.widgets.TextInput(value="7 x 4", width=80, placeholder="w x h, in", css_classes=["ml-export-size"])
+    return pn.Row(size, *[pn.widgets.FileDownload(
+        callback=lambda fmt=fmt: io.BytesIO(figure_export(get_fig(), fmt, *parse_size(size.value), dpi=300)),
+        filename=f"{safe}.{fmt}", label=f"Export {fmt.upper()}", width=110) for fmt in ("html", "svg", "pdf", "png")])
 
 SIDEBAR, FIGURE_HEIGHT, GRID_HEIGHT = 300, 380, 470   # px: a tab's control column; figures fill the width left
 
@@ -284,11 +282,12 @@ class BudgetBrowser:
         self.task = pn.widgets.Select(label="Retrieval task", width=SIDEBAR)
         self.tolerance = pn.widgets.FloatSlider(label="Tolerance (share of the full model's nDCG@10)", start=0.0, end=0.2,
                                                 step=0.005, value=0.01, format="0.0%", width=SIDEBAR)   # 0.015: "1.5%"
+        self.size = pn.widgets.TextInput(name="Export size, inches (w x h)", value=SIZE, width=SIDEBAR)
         self.body = pn.Column(sizing_mode="stretch_width")
         self.picker = GridPicker(root, self.load)
         self.task.param.watch(lambda e: self.draw(), "value")
         self.tolerance.param.watch(lambda e: self.draw(), "value")
-        self.layout = tab("Budget", [self.picker.select, self.task, self.tolerance], self.body)
+        self.layout = tab("Budget", [self.picker.select, self.task, self.tolerance, self.size], self.body)
         self.picker.refresh()
 
     def load(self, df: pd.DataFrame) -> None:
@@ -309,7 +308,7 @@ class BudgetBrowser:
                 "--precisions float32,int8,binary --out runs/NAME/grid.csv` writes one.")]
             return
         try:
-            fig, pick = plot_frontier(self.df, name, tolerances=(tol,)), advise(self.df, name, tol).iloc[0]
+            chart, pick = frontier_chart(self.df, name, tolerances=(tol,)), advise(self.df, name, tol).iloc[0]
         except ValueError as err:
             self.body.objects = [pn.pane.Markdown(f"{name}: {err}")]
             return
@@ -317,7 +316,9 @@ class BudgetBrowser:
         within = cells[cells.ratio >= 1 - tol].sort_values(["bytes_per_vector", "score"], ascending=[True, False])
         words = (f"**Cheapest within {tol:.1%} of the full model**: layer {pick.layer}, dim {pick.dim}, {pick.precision}: "
                  f"{pick.bytes_per_vector} bytes a vector, nDCG@10 {pick.score:.2f} ({pick.ratio:.1%} of the full model's).")
-        self.body.objects = [figure_pane(fig), export_row(lambda: fig, f"budget_{name}"), pn.pane.Markdown(words),
+        self.body.objects = [pn.pane.Vega(chart.properties(width="container"), sizing_mode="stretch_width", height=FIGURE_HEIGHT,
+                                          css_classes=["ml-frontier"]),
+                             chart_exports(lambda: chart, f"budget_{name}", self.size), pn.pane.Markdown(words),
                              pn.pane.DataFrame(within.round(3), sizing_mode="stretch_width", max_rows=30)]
 
 # %% ../nbs/24_workbench.ipynb #20c021
@@ -653,21 +654,23 @@ class SteerabilityMixin:
     def _init_steerability(self) -> None:
         "The picker and figure, the box showing them once the run has a Fractal result, and what the picker triggers."
         self._fractal: dict[str, dict] = {}
+        self.steer_chart = None                                   # the altair chart shown, for its exports
         self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=SIDEBAR)
-        self.steer_plot = figure_pane(empty_figure("no Fractal result JSON in this run"))
-        self._steer_parts = [self.steer_select, with_exports(self.steer_plot, "steerability")]
+        self.steer_plot = pn.pane.Vega(None, sizing_mode="stretch_width", height=FIGURE_HEIGHT, css_classes=["ml-steerability"])
+        self.steer_note = pn.pane.Markdown("", sizing_mode="stretch_width")   # a result it cannot draw, said
+        self._steer_parts = [self.steer_select, self.steer_note, self.steer_plot,
+                             chart_exports(lambda: self.steer_chart, "steerability")]   # with its own size box
         self.steer_box = pn.Column(sizing_mode="stretch_width")   # empty, or the parts once the run has a Fractal result
         self.steer_hint = pn.pane.Markdown("", sizing_mode="stretch_width")   # what would produce what the run lacks
         self.steer_select.param.watch(lambda e: self.draw_steerability(), "value")
 
     def refresh_fractal(self) -> None:
-        "Re-read the open run's Fractal result JSONs; the first condition is shown unless one still present was chosen."
+        "Re-read the open run's Fractal result JSONs; the first is shown (its conditions overlaid) unless one still present was chosen."
         self._fractal = fractal_results(self.run_dir) if self.run_dir else {}
-        options = [f"{f}: {c}" for f, res in self._fractal.items() for c in res.get("summary", {})]
-        self.steer_select.options = options
+        self.steer_select.options = options = list(self._fractal)
         if self.steer_select.value not in options:
             self.steer_select.value = options[0] if options else None
-        want = self._steer_parts if self.steer_select.options else []   # swapped, not hidden: a hidden plotly
+        want = self._steer_parts if self.steer_select.options else []   # swapped, not hidden: a hidden
         if list(self.steer_box.objects) != want:                         # pane breaks notebook views
             self.steer_box.objects = want
         self.steer_hint.object = self._missing_views()
@@ -689,15 +692,12 @@ class SteerabilityMixin:
         return "\n\n".join(lines)
 
     def draw_steerability(self) -> None:
-        choice = self.steer_select.value
-        if not choice:
-            self.steer_plot.object = fit(empty_figure("no Fractal result JSON in this run"))
-            return
-        f, cond = choice.split(": ", 1)
+        choice, self.steer_chart, self.steer_note.object = self.steer_select.value, None, ""
         try:
-            self.steer_plot.object = fit(steerability_curves(self._fractal[f], cond))
+            self.steer_chart = steerability_curves(self._fractal[choice], choice) if choice else None
         except (KeyError, TypeError, ValueError) as err:
-            self.steer_plot.object = fit(empty_figure(f"{choice}: unreadable ({type(err).__name__})"))
+            self.steer_note.object = f"{choice}: unreadable as a Fractal result ({type(err).__name__}: {err})"
+        self.steer_plot.object = None if self.steer_chart is None else self.steer_chart.properties(width="container")
 
 # %% ../nbs/24_workbench.ipynb #20c027
 COMPARE_TAB = 2                                          # its place among the workbench's tabs

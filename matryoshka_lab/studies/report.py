@@ -5,17 +5,22 @@
 # %% ../../nbs/studies/06_report.ipynb #21c003
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
 
+import altair as alt
 import matplotlib
 import numpy as np
 import pandas as pd
+import vl_convert
 from matplotlib.figure import Figure
+import PIL.Image
 
 from .. import stats
-from ..budget import RETRIEVAL_PRECISIONS, advise, budget_cells, bytes_per_vector, pareto
+from ..budget import RETRIEVAL_PRECISIONS, advise, bytes_per_vector
+from ..figures import Colours, difference_chart, fractal_rows, frontier_chart, render, spectra_chart, steerability_chart
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
 from ..runs import write_json
@@ -36,7 +41,7 @@ __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU
            'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
            'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table', 'routing_table',
            'hard_negatives_table', 'grad_cache_table', 'render_table', 'fill_tables', 'vs_mrl_figure',
-           'steerability_figure', 'step_time_figure', 'spectra_figure', 'write_figures']
+           'steerability_figure', 'step_time_figure', 'spectra_figure', 'drawn_by', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -349,43 +354,17 @@ def funnel_figure(results="results", min_ratio: float = 0.99, goal: float = 10.0
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     return fig
 
-def budget_figure(results="results", tolerances=(0.01, 0.05)) -> Figure:
-    "Per task of results/eval/retrieval_grid.csv: nDCG@10 against bytes a vector for every (layer, dim, precision) cell, the Pareto frontier and budget.advise's picks."
+def budget_figure(results="results", tolerances=(0.01, 0.05), columns: int = 3):
+    "Per task of results/eval/retrieval_grid.csv, figures.frontier_chart: nDCG@10 against bytes a vector for every (layer, dim, precision) cell, the Pareto frontier and budget.advise's picks."
     path = Path(results) / "eval" / "retrieval_grid.csv"
     if not path.is_file():
         raise ValueError(f"no result file {str(path)!r}")
     grid = pd.read_csv(path)
-    tasks = list(dict.fromkeys(grid.task))
-    cols = min(3, len(tasks))
-    fig = Figure(figsize=(4.3 * cols, 3.5 * -(-len(tasks) // cols)), layout="constrained")
-    axes = list(fig.subplots(-(-len(tasks) // cols), cols, squeeze=False).flat)
-    colours = {"float32": "tab:blue", "int8": "tab:green", "int8+rescore": "yellowgreen", "binary": "tab:red",
-               "binary+rescore": "salmon"}
-    for ax, task in zip(axes, tasks):
-        cells = budget_cells(grid, task)
-        for p, g in cells.groupby("precision", sort=False):
-            ax.scatter(g.bytes_per_vector, g.score, s=6 + 3 * g.layer, color=colours.get(p, "grey"), alpha=0.55, label=p, lw=0)
-        front = pareto(cells)
-        ax.step(front.bytes_per_vector, front.score, where="post", color="black", lw=0.9)
-        ref = float(cells.score[cells.ratio == 1.0].iloc[0])
-        ax.axhline(ref, color="black", ls=":", lw=0.7)
-        for t, ls, dy in zip(tolerances, ("--", "-."), (4, -14)):
-            a = advise(grid, task, t).iloc[0]
-            ax.axhline(ref * (1 - t), color="grey", ls=ls, lw=0.6)
-            ax.scatter([a.bytes_per_vector], [a.score], s=120, facecolors="none", edgecolors="black", lw=1)
-            ax.annotate(f"{t:.0%}: L{a.layer} d{a.dim} {a.precision}", (a.bytes_per_vector, a.score), fontsize=6.5,
-                        xytext=(8, dy), textcoords="offset points", ha="right" if a.bytes_per_vector > 128 else "left")
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(max(0, cells.score.min() - 2), ref * 1.03)
-        ax.set_title(task, fontsize=9)
-        ax.set_xlabel("bytes a vector (log)", fontsize=8)
-        ax.set_ylabel("nDCG@10", fontsize=8)
-    for ax in axes[len(tasks):]:
-        ax.set_axis_off()
-    fig.axes[0].legend(fontsize=6.5, loc="lower right", markerscale=1.5)
-    fig.suptitle("The embedded model's retrieval budget: every layer x dim x precision, the Pareto frontier (black), "
-                 "the cheapest cell within 1 % and 5 % (rings)", fontsize=9)
-    return fig
+    panels = [frontier_chart(grid, task, tolerances, title=task).properties(width=250, height=190)
+              for task in dict.fromkeys(grid.task)]
+    return alt.concat(*panels, columns=columns, title="The embedded model's retrieval budget: every layer x dim x "
+                      "precision, the Pareto frontier (black), the cheapest cell within 1 % and 5 % (rings)"
+                      ).resolve_scale(color="shared", size="shared")
 
 # %% ../../nbs/studies/06_report.ipynb #21c014f
 def demo_table(results="results", task: str = "stsb", metric: str = "spearman", layers: str | None = None) -> str:
@@ -919,68 +898,49 @@ def fill_tables(text: str, results="results") -> str:
     return MARKER.sub(fill, text)
 
 # %% ../../nbs/studies/06_report.ipynb #21c019
-def _png(fig: Figure, path: Path) -> Path:
-    "Save fig as a PNG without the writer's version stamp (the bytes depend on the data and matplotlib only)."
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+def _png(fig, path: Path) -> Path:
+    "Save a matplotlib Figure, or an altair chart (at its own size, 96 px an inch, in 256 colours: a fifth of the bytes), as a PNG without the writer's version stamp (the bytes depend on the data and the drawing library only)."
+    if isinstance(fig, Figure):
+        fig.savefig(path, dpi=100, metadata={"Software": None})
+        return path
+    image = PIL.Image.open(io.BytesIO(render(fig, "png", None, None, dpi=96))).convert("RGB")
+    image.quantize(256, method=PIL.Image.Quantize.MEDIANCUT, dither=PIL.Image.Dither.NONE).save(path, optimize=True)
     return path
 
 def _label(m: str) -> str:
     return LABELS.get(m, m).replace("`", "")
 
-def vs_mrl_figure(results="results", setting: str = "angle", methods=None, tasks: str = "sts", ncols: int = 4) -> Figure:
-    "One layer x prefix-dim heatmap per method: its mean score minus MRL's in points (the tasks' mean, then the seeds' mean; blue: ahead of MRL)."
+def vs_mrl_figure(results="results", setting: str = "angle", methods=None, tasks: str = "sts", ncols: int = 4):
+    "One layer x prefix-dim map per method (figures.difference_chart, one shared scale): its mean score minus MRL's in points (the tasks' mean, then the seeds' mean; blue: ahead of MRL)."
     summary, _ = _baselines(results, setting)
     chosen_tasks = _tasks(tasks, summary)
     metric = _one_metric(chosen_tasks)
     st = seed_stats(summary, chosen_tasks, metric)
     chosen = _methods(methods, [m for m in dict.fromkeys(summary.method) if m not in ("mrl", "untrained")])
-    deltas = {m: delta_table(st, m) for m in chosen}
-    lim = max(float(np.nanmax(np.abs(d.values))) for d in deltas.values()) or 1.0
-    rows, cols = -(-len(chosen) // ncols), min(ncols, len(chosen))
-    fig = Figure(figsize=(2.9 * cols + 1.2, 2.6 * rows + 0.5), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, (m, d) in zip(axes.flat, deltas.items()):
-        im = ax.imshow(d.values, cmap="RdBu", vmin=-lim, vmax=lim, origin="lower", aspect="auto")
-        ax.set_xticks(range(d.shape[1]), [str(c) for c in d.columns], fontsize=8)
-        ax.set_yticks(range(d.shape[0]), [str(i) for i in d.index], fontsize=8)
-        for (i, j), v in np.ndenumerate(d.values):
-            ax.text(j, i, f"{v:+.1f}", ha="center", va="center", fontsize=7, color="white" if abs(v) > 0.6 * lim else "black")
-        ax.set_title(f"{_label(m)} − MRL", fontsize=9)
-        ax.set_xlabel("prefix dim", fontsize=8)
-        ax.set_ylabel("layer", fontsize=8)
-    for ax in list(axes.flat)[len(chosen):]:
-        ax.set_axis_off()
-    fig.colorbar(im, ax=axes, shrink=0.8, label=f"{metric} x100, method − MRL")
+    span = max(float(np.nanmax(np.abs(delta_table(st, m).values))) for m in chosen) or 1.0
     what = "STS test sets" if tasks == "sts" else ", ".join(chosen_tasks)
-    fig.suptitle(f"`{setting}` setting: each method minus MRL ({what}, mean over seeds)", fontsize=10)
-    return fig
+    grid = lambda m: st[st.method == m].rename(columns={"mean": "value"}).assign(task=what, metric=metric)
+    panels = [difference_chart(grid(m), grid("mrl"), what, metric, title=f"{_label(m)} − MRL", span=span) for m in chosen]
+    return alt.concat(*panels, columns=ncols, title=f"`{setting}` setting: each method minus MRL ({what}, {metric} x100, "
+                      "mean over seeds)").resolve_scale(color="shared")
 
 def steerability_figure(results="results", dataset: str = "clinc150", evaluation: str | None = None,
-                        conditions=("v5", "mrl")) -> Figure:
-    "Per hierarchy level, k-NN accuracy against prefix length for each condition of the Fractal authors-protocol file (mean ± std over seeds)."
+                        conditions=("v5", "mrl")):
+    "Per hierarchy level, k-NN accuracy against prefix length for each condition of the Fractal authors-protocol file (figures.steerability_chart: mean and 95 % t-interval over seeds, mean S in the subtitle)."
     res = _fractal_file(results, dataset, "authors")
     if res is None:
         raise ValueError(f"no result file {str(Path(results) / 'fractal' / dataset / 'authors.json')!r}: "
                          f"run `python experiments/fractal_protocols.py authors --dataset {dataset}`")
     evaluation = evaluation or res["evaluation"]
-    dims, levels = res["dims"], res["levels"]
-    fig = Figure(figsize=(4.2 * len(levels), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(levels), squeeze=False)[0]
-    for ax, (i, level) in zip(axes, enumerate(levels)):
-        for cond, colour in zip(conditions, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
-            acc = np.array([r["acc_by_eval"][evaluation][f"L{i}"] for r in res["runs"] if r["condition"] == cond]) * 100
-            if not len(acc):
-                raise ValueError(f"{dataset}: no {cond!r} runs; the file has {', '.join(res['conditions'])}")
-            mean, sd = acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else np.zeros(len(dims))
-            ax.plot(dims, mean, "o-", color=colour, label=f"{cond.upper() if cond == 'v5' else _label(cond)} ({len(acc)} seeds)")
-            ax.fill_between(dims, mean - sd, mean + sd, color=colour, alpha=0.2)
-        ax.set_title(f"L{i}: {level} ({res['n_classes'][i]} classes)", fontsize=10)
-        ax.set_xticks(dims)
-        ax.set_xlabel("prefix dim")
-        ax.set_ylabel(f"k-NN accuracy, % ({evaluation})")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{dataset}: steerability, per-level accuracy by prefix length", fontsize=10)
-    return fig
+    rows = fractal_rows(res, evaluation)
+    for cond in conditions:
+        if cond not in set(rows.condition):
+            raise ValueError(f"{dataset}: no {cond!r} runs; the file has {', '.join(res['conditions'])}")
+    name = lambda c: c.upper() if c == "v5" else _label(c)
+    rows = rows[rows.condition.isin(conditions)].assign(condition=lambda d: d.condition.map(name), acc=lambda d: d.acc * 100)
+    s = ", ".join(f"{res['summary'][c]['S_mean_by_eval'][evaluation]:+.3f} ({name(c)})" for c in conditions)
+    return steerability_chart(rows, subtitle=f"mean S = {s}", y_title=f"k-NN accuracy, % ({evaluation})",
+                              title=f"{dataset}: steerability, per-level accuracy by prefix length").properties(width=420, height=260)
 
 def step_time_figure(results="results") -> Figure:
     "The step-time ratios of results/bench/step_time.json as bars, each with its goal (a ratio at or under its goal meets it)."
@@ -1002,39 +962,31 @@ def step_time_figure(results="results") -> Figure:
     ax.legend(fontsize=8, loc="lower right")
     return fig
 
-def spectra_figure(results="results", dims=(16, 32, 64, 128, 256)) -> Figure:
-    "results/eval/spectra.json: each model's per-dimension variance of its last-layer embeddings in dimension order, and the share of the total variance its first d dims hold (the MRL prefixes marked)."
+def spectra_figure(results="results", dims=(16, 32, 64, 128, 256)):
+    "results/eval/spectra.json: each model's per-dimension variance of its last-layer embeddings in dimension order, and the share of the total variance its first d dims hold (figures.spectra_chart; the MRL prefixes marked)."
     res = _result_file(results, "eval", "spectra.json", command="python experiments/spectra.py --runs RUNS")
-    fig = Figure(figsize=(11, 3.6), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    for method, model in res["models"].items():
-        v = np.asarray(model["variance"])
-        left.plot(np.arange(1, len(v) + 1), v, lw=0.8, label=_label(method))
-        right.plot(np.arange(1, len(v) + 1), np.cumsum(v) / v.sum(), lw=1.2, label=_label(method))
-    right.plot([1, len(v)], [1 / len(v), 1], color="grey", lw=0.8, ls=":", label="equal variance per dim")
-    for ax in (left, right):
-        for d in dims:
-            ax.axvline(d, color="grey", lw=0.5, ls="--")
-        ax.set_xlabel("dimension (prefix length)")
-        ax.legend(fontsize=8)
-    left.set_ylabel("variance over sentences")
-    left.set_title("per-dimension variance", fontsize=10)
-    right.set_ylabel("share of the total variance")
-    right.set_title("variance held by the first d dimensions", fontsize=10)
-    fig.suptitle(f"{res['task']}: {res['sentences']} sentences, last layer, seed {res['seed']} "
-                 f"({next(iter(m['config'] for m in res['models'].values() if 'train_task' in m['config']))['train_task']})",
-                 fontsize=10)
-    return fig
+    spectra = {_label(method): model["variance"] for method, model in res["models"].items()}
+    task = next(iter(m["config"] for m in res["models"].values() if "train_task" in m["config"]))["train_task"]
+    colours = Colours(spectra)
+    panels = [spectra_chart(spectra, dims, colours=colours, title="per-dimension variance", legend=False),
+              spectra_chart(spectra, dims, colours=colours, title="variance held by the first d dimensions", cumulative=True)]
+    return alt.hconcat(*(p.properties(width=330, height=220) for p in panels),
+                       title=f"{res['task']}: {res['sentences']} sentences, last layer, seed {res['seed']} ({task})"
+                       ).resolve_scale(color="independent")   # one Colours: the same colours, the right panel's legend
 
 FIGURES = {"vs_mrl_angle": (vs_mrl_figure, dict(setting="angle", methods="2dmse,ese,mipic,mic")),
            "steerability_clinc150": (steerability_figure, dict(dataset="clinc150")),
            "step_time": (step_time_figure, {}), "spectra_mipic": (spectra_figure, {}),
            "funnel": (funnel_figure, {}), "budget": (budget_figure, {})}
 
+def drawn_by() -> dict:
+    "The versions of what draws the figures: matplotlib (the bench figures) and vl-convert (the altair ones)."
+    return {"matplotlib": matplotlib.__version__, "vl_convert": vl_convert.__version__}
+
 def write_figures(results="results", out=None) -> list[Path]:
-    "Every figure of FIGURES drawn from the result files under `results` into OUT/NAME.png (default RESULTS/figures), with OUT/meta.json naming the matplotlib that drew them."
+    "Every figure of FIGURES drawn from the result files under `results` into OUT/NAME.png (default RESULTS/figures), with OUT/meta.json naming the matplotlib and vl-convert that drew them."
     out = Path(out) if out is not None else Path(results) / "figures"
     out.mkdir(parents=True, exist_ok=True)
     written = [_png(make(results, **kwargs), out / f"{name}.png") for name, (make, kwargs) in FIGURES.items()]
-    write_json(out / "meta.json", {"matplotlib": matplotlib.__version__, "figures": sorted(FIGURES)})
+    write_json(out / "meta.json", {**drawn_by(), "figures": sorted(FIGURES)})
     return written
