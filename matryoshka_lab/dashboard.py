@@ -26,8 +26,8 @@ from .runs import array_dir, array_file, array_steps, parse_record
 __all__ = ['RUNS_ENV', 'RUN_MARKERS', 'SKIP_DIRS', 'GRID_NAME', 'GRIDS', 'SNAPSHOTS', 'EXPORT_FORMATS', 'runs_root',
            'resolve_run', 'run_file', 'read_file', 'safe_runs', 'is_run', 'Series', 'MetricStore', 'MetricsTail',
            'list_arrays', 'list_snapshots', 'load_snapshot', 'natural_key', 'compare_frame', 'eval_grids', 'name_parts',
-           'metric_kind', 'last_layer_pattern', 'metric_direction', 'snapshot_label', 'snapshot_figure',
-           'fractal_results', 'steerability_curves', 'figure_export']
+           'metric_kind', 'last_layer_pattern', 'metric_direction', 'snapshot_label', 'prefix_splits',
+           'snapshot_figure', 'fractal_results', 'steerability_curves', 'figure_export']
 
 # %% ../nbs/20_dashboard.ipynb #19c006
 RUNS_ENV = "MATRYOSHKA_LAB_RUNS"
@@ -344,6 +344,7 @@ def metric_direction(split: str, name: str) -> int:
 GRIDS = {"diag_erank": "effective rank", "diag_cv": "coefficient of variation", "diag_cka_prefix": "CKA(prefix, full)",
          "diag_uniformity": "uniformity", "nc1": "NC1 (within / between class)"}   # [L+1, K] arrays
 SNAPSHOTS = {"diag_variance": "variance per dimension", "diag_xcorr": "prefix / residual cross-correlation",
+             "diag_corr": "prefix / residual cross-correlation, any prefix",
              "diag_cka_layers": "CKA between layers", **GRIDS}   # what the Snapshots picker calls each series
 
 def snapshot_label(name: str) -> str:
@@ -354,14 +355,22 @@ def _labels(n: int, dims) -> list:
     return list(dims) if dims is not None and len(dims) == n else list(range(n))
 
 # %% ../nbs/20_dashboard.ipynb #19c031
+def prefix_splits(D: int, dims=None) -> list[int]:
+    "The prefix sizes d a [D, D] correlation is split at (prefix [:d] against residual [d:]): the run's dims below D, else D // 2."
+    return [int(d) for d in (dims or []) if 0 < int(d) < D] or ([D // 2] if D > 1 else [])
+
 def snapshot_figure(name: str, a: np.ndarray, dims=None,   # dims: the run's prefix sizes (config["dims"])
-                    layer: int = -1, step: int | None = None):
+                    layer: int = -1, step: int | None = None,
+                    split: int | None = None):             # diag_corr: the prefix d (default: prefix_splits' first)
     "Plotly figure of snapshot `name`: variance spectrum of `layer`, correlation or CKA heatmap, [L+1, K] grid, or a plain view."
     a = np.asarray(a, dtype=np.float64)
     if name == "diag_variance" and a.ndim == 2 and len(a):
         fig = spectrum_bars(a[layer], dims, title=f"variance per dimension, layer {range(len(a))[layer]}")
     elif name == "diag_xcorr" and a.ndim == 2:
         fig = correlation_heatmap(a)
+    elif name == "diag_corr" and a.ndim == 2 and a.shape[0] == a.shape[1] > 1:
+        d = split if split in range(1, len(a)) else prefix_splits(len(a), dims)[0]
+        fig = correlation_heatmap(a[:d, d:])
     elif name == "diag_cka_layers" and a.ndim == 2:
         fig = cka_heatmap(a, title="linear CKA between layers")
     elif a.ndim == 2:

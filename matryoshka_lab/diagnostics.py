@@ -23,13 +23,14 @@ from .plots import cka_heatmap, correlation_heatmap, spectrum_bars   # torch-fre
 from .methods import Callback
 
 # %% auto #0
-__all__ = ['TINY', 'RANKS', 'DIAGNOSTICS', 'DEFAULT_DIAGNOSTICS', 'dim_variance', 'covariance', 'variance_spectrum_figure',
-           'prefix_eigenspectrum', 'effective_rank', 'participation_ratio', 'prefix_effective_rank', 'prefix_cv',
-           'cross_correlation', 'cross_correlation_summary', 'cross_correlation_figure', 'linear_cka', 'cka_layers',
-           'cka_prefix_full', 'cka_figure', 'alignment', 'uniformity', 'prefix_alignment_uniformity', 'class_means',
-           'nc1', 'nc1_grid', 'steerability', 'steerability_auc', 'steerability_mono', 'steerability_gap',
-           'steerability_metrics', 'steerability_figure', 'grid_frame', 'probe_diagnostics', 'diagnostics_summary',
-           'probe_indices', 'probe_texts', 'TimeBudget', 'write_diagnostics', 'DiagnosticsCallback']
+__all__ = ['TINY', 'RANKS', 'DIAGNOSTICS', 'STORED_DTYPES', 'DEFAULT_DIAGNOSTICS', 'dim_variance', 'covariance',
+           'variance_spectrum_figure', 'prefix_eigenspectrum', 'effective_rank', 'participation_ratio',
+           'prefix_effective_rank', 'prefix_cv', 'correlation', 'cross_correlation', 'cross_correlation_summary',
+           'cross_correlation_figure', 'linear_cka', 'cka_layers', 'cka_prefix_full', 'cka_figure', 'alignment',
+           'uniformity', 'prefix_alignment_uniformity', 'class_means', 'nc1', 'nc1_grid', 'steerability',
+           'steerability_auc', 'steerability_mono', 'steerability_gap', 'steerability_metrics', 'steerability_figure',
+           'grid_frame', 'probe_diagnostics', 'diagnostics_summary', 'probe_indices', 'probe_texts', 'TimeBudget',
+           'write_diagnostics', 'DiagnosticsCallback']
 
 # %% ../nbs/08_diagnostics.ipynb #18c006
 TINY = torch.finfo(torch.float64).tiny     # denominator clamp: 0 / 0 -> 0, every real ratio untouched
@@ -155,14 +156,18 @@ def _standardise(x: torch.Tensor) -> torch.Tensor:
     std = xc.square().mean(0).sqrt()
     return torch.where(std > 1e-12 * x.abs().amax(0), xc / std.clamp_min(TINY), torch.zeros_like(xc))
 
+def correlation(x) -> torch.Tensor:
+    "Pearson correlation across samples between every two dims of x [N, D] -> float64 [D, D] (a constant dim: 0 with every dim, itself included)."
+    z = _standardise(_matrix(x))
+    return z.T @ z / len(z)
+
 def cross_correlation(x, split: int) -> torch.Tensor:
-    "Pearson correlation across samples of each prefix dim (the first `split`) with each residual dim of x [N, D] -> float64 [split, D - split]."
+    "Pearson correlation across samples of each prefix dim (the first `split`) with each residual dim of x [N, D] -> float64 [split, D - split]: the off-diagonal block of `correlation`."
     x = _matrix(x)
     D = x.shape[1]
     if not 0 < split < D:
         raise ValueError(f"split must be in 1..{D - 1} (the embedding has {D} dims), got {split}")
-    z = _standardise(x)
-    return z[:, :split].T @ z[:, split:] / len(x)
+    return correlation(x)[:split, split:]
 
 def cross_correlation_summary(c) -> dict[str, float]:
     "mean |r|, max |r|, RMS sqrt(mean r^2) (= ||C||_F / sqrt(size)) and ||C||_F of a correlation matrix c [d, D - d]."
@@ -380,8 +385,9 @@ def grid_frame(grid, dims: Sequence[int], layers: Sequence[int] | None = None, m
     return pd.DataFrame(rows, columns=["task", "layer", "dim", "metric", "value"])
 
 # %% ../nbs/08_diagnostics.ipynb #18c067
-DIAGNOSTICS = {"variance": "[L, D]", "erank": "[L, K]", "cv": "[L, K]", "xcorr": "[d_1, D - d_1]",
+DIAGNOSTICS = {"variance": "[L, D]", "erank": "[L, K]", "cv": "[L, K]", "xcorr": "[d_1, D - d_1]", "corr": "[D, D]",
                "cka_layers": "[L, L]", "cka_prefix": "[L, K]", "uniformity": "[L, K]"}   # name -> array shape
+STORED_DTYPES = {"corr": np.float16}       # arrays written smaller than float64: name -> dtype on disk
 DEFAULT_DIAGNOSTICS = tuple(DIAGNOSTICS)   # all of them: each is well under a second at N = 256, D = 384
 
 def _check_which(which: Sequence[str]) -> tuple[str, ...]:
@@ -405,6 +411,8 @@ def probe_diagnostics(h, dims: Sequence[int], which: Sequence[str] = DEFAULT_DIA
             out[name] = cka_layers(h)
         elif name == "cka_prefix":
             out[name] = cka_prefix_full(h, dims)
+        elif name == "corr":
+            out[name] = correlation(h[-1])
         elif dims[0] < h.shape[-1]:                             # xcorr needs a residual
             out[name] = cross_correlation(h[-1], dims[0])
     return out
@@ -468,7 +476,7 @@ def write_diagnostics(log, step: int, encoder, probe: list[str], dims: Sequence[
     h = encoder.encode(probe, layers="all", max_length=max_length, progress=False)   # [L+1, N, D], eval mode, no grad
     out = probe_diagnostics(h, dims, which)
     for name, array in out.items():
-        log.save_array(f"diag_{name}", step, array.numpy())
+        log.save_array(f"diag_{name}", step, array.numpy().astype(STORED_DTYPES.get(name, np.float64)))
     scalars = diagnostics_summary(out, dims)
     clock.add_measurement(time.perf_counter() - started)
     scalars["diag/seconds"] = clock.last

@@ -22,7 +22,7 @@ import panel as pn
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_export, fractal_results,
     is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
-    read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
+    prefix_splits, read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .budget import RETRIEVAL_METRIC, advise, budget_cells
 from .compare import SIZE, PrefixCompare, chart_exports, compare_bars, parse_size
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
@@ -578,14 +578,14 @@ class SnapshotMixin:
         self.array_select = pn.widgets.Select(label="Snapshot", options=[], width=SIDEBAR)
         self.snap_slider = pn.widgets.DiscreteSlider(label="Step", options=[0], value=0, width=SIDEBAR, visible=False)
         self.layer_input = pn.widgets.IntInput(label="Layer (variance)", value=-1, width=SIDEBAR, visible=False)
+        self.split_at = pn.widgets.Select(label="Prefix d (cross-correlation)", options=[], width=SIDEBAR, visible=False)
         self.snap_plot = figure_pane(empty_figure("no snapshots in this run"), height=GRID_HEIGHT)
         self.overlay_of = pn.widgets.Select(label="Spectra overlaid", options=list(SPECTRA_OVERLAYS), width=SIDEBAR, visible=False)
         self.spectra_plot = pn.pane.Vega(None, sizing_mode="stretch_width", height=380, visible=False,
                                          css_classes=["ml-spectra"])
         self.array_select.param.watch(lambda e: self.refresh_snapshots(follow=True), "value")
-        self.snap_slider.param.watch(lambda e: self.draw_snapshot(), "value")
-        self.layer_input.param.watch(lambda e: self.draw_snapshot(), "value")
-        self.overlay_of.param.watch(lambda e: self.draw_snapshot(), "value")
+        for w in (self.snap_slider, self.layer_input, self.overlay_of, self.split_at):
+            w.param.watch(lambda e: self.draw_snapshot(), "value")
 
     def refresh_arrays(self) -> None:
         "List the open run's snapshot series (named in words); keep the chosen one if it is still there."
@@ -600,6 +600,7 @@ class SnapshotMixin:
         "List the chosen series' steps; the slider moves to the newest when following or already at the end."
         name = self.array_select.value
         self.layer_input.visible = self.overlay_of.visible = name == "diag_variance"   # the one view drawn for one layer
+        self.split_at.visible = name == "diag_corr"
         steps = list_snapshots(self.run_dir, name) if (self.run_dir and name) else []
         if not steps or name != "diag_variance":
             self.spectra_plot.visible = False
@@ -625,13 +626,13 @@ class SnapshotMixin:
             return
         try:
             a = load_snapshot(self.run_dir, name, step)
-            dims = self.config.get("dims")
-            L = a.shape[0] if a.ndim == 2 else 1
-            layer = max(-L, min(L - 1, int(self.layer_input.value or -1)))
-            self.snap_plot.object = fit(snapshot_figure(name, a, dims=dims if isinstance(dims, list) else None,
-                                                        layer=layer, step=step))
+            dims, L = self.config.get("dims"), a.shape[0] if a.ndim == 2 else 1
+            layer, dims = max(-L, min(L - 1, int(self.layer_input.value or -1))), dims if isinstance(dims, list) else None
+            splits = prefix_splits(a.shape[0], dims) if name == "diag_corr" else []
+            offer(self.split_at, splits, (splits or [None])[0], lambda: None)   # the prefix chosen kept while offered
+            self.snap_plot.object = fit(snapshot_figure(name, a, dims, layer, step, self.split_at.value))
             if name == "diag_variance" and a.ndim == 2:
-                self.spectra_plot.object = self.spectra_overlay(a, layer, step, dims if isinstance(dims, list) else ())
+                self.spectra_plot.object = self.spectra_overlay(a, layer, step, dims or ())
                 self.spectra_plot.visible = True
         except (OSError, ValueError) as err:
             self.snap_plot.object = fit(empty_figure(f"{name} at step {step}: cannot read ({type(err).__name__})"))
@@ -653,8 +654,7 @@ class SteerabilityMixin:
     "The Snapshots tab's steerability curves of the Fractal result JSONs in the open run's `run_dir` (nothing without one)."
     def _init_steerability(self) -> None:
         "The picker and figure, the box showing them once the run has a Fractal result, and what the picker triggers."
-        self._fractal: dict[str, dict] = {}
-        self.steer_chart = None                                   # the altair chart shown, for its exports
+        self._fractal, self.steer_chart = {}, None   # Fractal results by file name; the chart shown, for its exports
         self.steer_select = pn.widgets.Select(label="Steerability (Fractal result)", options=[], width=SIDEBAR)
         self.steer_plot = pn.pane.Vega(None, sizing_mode="stretch_width", height=FIGURE_HEIGHT, css_classes=["ml-steerability"])
         self.steer_note = pn.pane.Markdown("", sizing_mode="stretch_width")   # a result it cannot draw, said
@@ -886,7 +886,7 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                       pn.Row(with_exports(self.train_plot, "train_curves"),
                              with_exports(self.eval_plot, "eval_metrics"), sizing_mode="stretch_width"),
                       with_exports(self.grid_plot, "eval_grid"))
-        snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input, self.overlay_of],
+        snaps = tab("Snapshots", [self.array_select, self.snap_slider, self.layer_input, self.overlay_of, self.split_at],
                     with_exports(self.snap_plot, "snapshot"), self.spectra_plot, self.steer_box, self.steer_hint)
         compare = tab("Compare", [self.cmp_runs, self.cmp_pattern, self.cmp_step, self.cmp_button, self.cmp_metric,
                                   *self.cmp_prefix.controls()],
