@@ -11,7 +11,9 @@ grid and three diagnostics snapshots every 50 steps, the variance spectrum [7, 3
   snapshot switch    the Snapshots tab's step slider moved one step (the keyboard on its handle) until the figure's
                      title names the new step;
   new step           another process appends a step (RunLog, as the trainer writes) until the step pane shows it;
-                     inline also while a second cell runs pure Python for 60 s.
+                     inline also while a second cell runs pure Python for 60 s;
+  kernel import      (no goal) a fresh interpreter importing matryoshka_lab.workbench, what a kernel does before
+                     show() can draw: the part of the inline first page the page itself cannot shorten.
 Goals (issue 67): first page <= 3 s, a switch <= 1 s, a new step <= 1 s, each a median. Printed beside each median:
 its ratio to the goal (<= 1 meets it). The last line is one JSON object; --out also writes it with what made it.
 """
@@ -142,6 +144,13 @@ def inline(folder: Path, root: Path, rounds: int, step0: int) -> dict:
     return out
 
 
+def kernel_import(rounds: int) -> list[float]:
+    "Seconds a fresh interpreter takes to import the workbench, `rounds` times."
+    code = "import time; t = time.perf_counter(); import matryoshka_lab.workbench; print(time.perf_counter() - t)"
+    return [float(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                                 timeout=300).stdout.split()[-1]) for _ in range(rounds)]
+
+
 def summary(samples: dict) -> dict:
     "Each measure's median, and its ratio to the goal of its kind."
     out = {}
@@ -164,10 +173,13 @@ def main():
         write_training_run(root / "live")
         samples = {"served": served(root, a.rounds)}
         samples["inline"] = inline(folder, root, a.rounds, STEPS + a.rounds)
-    result = {"rounds": a.rounds, "steps": STEPS, **{k: summary(v) for k, v in samples.items()}, "seconds": samples}
+    imports = kernel_import(a.rounds)
+    result = {"rounds": a.rounds, "steps": STEPS, **{k: summary(v) for k, v in samples.items()},
+              "kernel_import_median_s": round(statistics.median(imports), 3), "seconds": {**samples, "kernel import": imports}}
     for where in ("served", "inline"):
         for name, s in result[where].items():
             print(f"{where:7s} {name:24s} median {s['median_s']:6.2f} s   goal {s['goal_s']:.0f} s   x{s['over_goal']:.2f}")
+    print(f"inline  of its first page, importing matryoshka_lab.workbench: median {result['kernel_import_median_s']:.2f} s")
     if a.out:
         write_json(a.out, {**provenance(shlex.join(["python", *sys.argv])), **result})
     print(json.dumps({k: v for k, v in result.items() if k != "seconds"}))

@@ -47,7 +47,7 @@ class NotebookCopy:
                  summary: Callable[[], str],         # the line the copy is collapsed under
                  every_s: float = STATIC_EVERY_S):
         self.figures, self.stamp, self.summary, self.every_s = figures, stamp, summary, every_s
-        self.handle, self.made, self.last, self.copies = None, None, 0.0, 0
+        self.handle, self.made, self.last, self.copies = None, None, float("-inf"), 0   # last: none made yet
         self._lock = threading.Lock()
 
     def bundle(self) -> dict:
@@ -57,10 +57,12 @@ class NotebookCopy:
         self.made, self.last, self.copies = made, time.monotonic(), self.copies + 1
         return {"text/html": body, "text/plain": self.summary()}
 
-    def show(self) -> None:
+    def show(self, now: bool = True) -> None:   # False: a line now, the copy at the first refresh (what it copies shows sooner)
         "Display the copy as an output of the running cell, to be replaced by refresh()."
         from IPython.display import display
-        self.handle = display(self.bundle(), raw=True, display_id=True)
+        later = {"text/html": "<i>A static copy of the figures follows once they are drawn.</i>",
+                 "text/plain": "a static copy of the figures follows once they are drawn"}
+        self.handle = display(self.bundle() if now else later, raw=True, display_id=True)
 
     def refresh(self, force: bool = False) -> bool:
         "Replace the shown copy if the figures' stamp changed and every_s passed since the last (force: now); whether it did."

@@ -897,8 +897,8 @@ class Workbench(RunPickerMixin, MonitorMixin, EvalGridMixin, SnapshotMixin, Stee
                               ("Quality against prefix size", self.cmp_prefix.panel()), dynamic=False,
                               sizing_mode="stretch_width"))   # one under the other, the page ran past a window
         self.grid_views = [GridBrowser(self.root), BudgetBrowser(self.root)]
-        self.tabs = pn.Tabs(monitor, snaps, compare, *(v.layout for v in self.grid_views), dynamic=False,
-                            sizing_mode="stretch_width")
+        self.tabs = pn.Tabs(monitor, snaps, compare, *(v.layout for v in self.grid_views), dynamic=True,
+                            sizing_mode="stretch_width")   # a tab's figures reach the page when it is shown
         return pn.Column(title, pn.Row(self.picker, self.refresh, self.step, self.status), self.tabs,
                          sizing_mode="stretch_width")
 
@@ -969,7 +969,7 @@ def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_
                                        lambda: f"The figures as of {wb.step.object} ({time.strftime('%H:%M:%S')}), a static "
                                                "copy for this notebook opened without its kernel: click to open",
                                        static_every_s)
-                wb.copy.show()                                   # an output above the live app's, kept current
+                wb.copy.show(now=False)                          # an output above the live app's, made on its thread
                 wb.served = serve_here(wb.layout, wb.tick, origins, period_ms)   # it ticks the workbench on its thread
             else:
                 pn.extension("plotly", "vega", inline=True)
