@@ -274,7 +274,7 @@ def frontier_chart(grid: pd.DataFrame, task: str, tolerances: Sequence[float] = 
     points = alt.Chart(cells).mark_circle(opacity=0.6).encode(
         x, y, alt.Color("precision:N", sort=order, title="precision",
                         scale=alt.Scale(domain=order, range=[PRECISION_COLOURS.get(p, "#888888") for p in order])),
-        alt.Size("layer:O", title="layer", legend=None, scale=alt.Scale(range=[10, 70])), tooltip=tip)
+        alt.Size("layer:O", title="layer", legend=None, scale=alt.Scale(range=[18, 80])), tooltip=tip)
     front = alt.Chart(pareto(cells)).mark_line(interpolate="step-after", color="black", strokeWidth=1).encode(x, y)
     floors = pd.DataFrame({"score": [ref] + [ref * (1 - t) for t in tolerances],
                            "line": ["full model"] + [f"{t:.1%}".replace(".0%", "%") + " below" for t in tolerances]})

@@ -137,10 +137,10 @@ def default_eval(names: list[str], task: str | None = None) -> list[str]:
 def export_row(get_fig, stem: str) -> pn.Row:
     "Download buttons for the plotly figure get_fig() returns at click time: HTML, and SVG, PDF, 300-dpi PNG at the size typed beside them."
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
-    size = pn.widgets.TextInput(value="7 x 4", width=80, placeholder="w x h, in", css_classes=["ml-export-size"])
+    size = pn.widgets.TextInput(value="7 x 4", width=70, placeholder="w x h, in", css_classes=["ml-export-size"])
     return pn.Row(size, *[pn.widgets.FileDownload(
         callback=lambda fmt=fmt: io.BytesIO(figure_export(get_fig(), fmt, *parse_size(size.value), dpi=300)),
-        filename=f"{safe}.{fmt}", label=f"Export {fmt.upper()}", width=110) for fmt in ("html", "svg", "pdf", "png")])
+        filename=f"{safe}.{fmt}", label=f"Export {fmt.upper()}", width=100) for fmt in ("html", "svg", "pdf", "png")])
 
 SIDEBAR, FIGURE_HEIGHT, GRID_HEIGHT = 300, 380, 470   # px: a tab's control column; figures fill the width left
 

@@ -458,7 +458,7 @@ def seconds_to_show(step, run_dir, n) -> float:
 
 
 def test_browser_shows_new_step_within_2s(tmp_path):
-    "Headless Chromium has the page open; another process writes a step; the page shows it within 2 seconds."
+    "Headless Chromium has the page open; another process writes a step; the page shows it within 2 seconds; each tab fits the window and draws its altair figures (Snapshots' steerability curves, Budget's frontier) once shown."
     browser_or_skip()
     runs = live_runs(tmp_path)
     with open(runs / "live" / "metrics.jsonl", "a") as f:          # diagnostics' scalars, as a real run logs them
@@ -468,6 +468,9 @@ def test_browser_shows_new_step_within_2s(tmp_path):
     with open(runs / "other" / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "na')                                  # half-written last line
     write_grid(runs / "live" / "grid.csv")
+    shutil.copy(ROOT / "results" / "fractal" / "clinc150" / "authors.json", runs / "live" / "clinc150.json")   # a Fractal result
+    drawn = {"Snapshots": (".ml-steerability", "clinc150.json: accuracy per level against prefix size"),
+             "Budget": (".ml-frontier", "quality per byte")}                # altair figures: Vega draws SVG, text on the page
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
     with serve(runs, port), chromium_page(1500, 1100) as page:
@@ -485,6 +488,8 @@ def test_browser_shows_new_step_within_2s(tmp_path):
         for tab in ("Snapshots", "Compare", "Grids", "Budget"):
             page.get_by_text(tab, exact=True).first.click()
             time.sleep(1.5)
+            if tab in drawn:                                         # the tab's altair figure, drawn once it is shown
+                wait_shown(page.locator(f"{drawn[tab][0]} svg.marks").first, drawn[tab][1])
             sizes[tab] = settled_size(page)
             page.screenshot(path=str(ARTIFACTS / f"{tab.lower()}.png"), full_page=True)
         assert page.get_by_text("Cheapest within 1.0% of the full model").count() == 1   # the Budget tab's advice
