@@ -1,7 +1,7 @@
 """What a person waits for in the workbench, served and inline, in headless Chromium: the first page, a snapshot switch,
 a new step on the page (inline also while another cell keeps the kernel busy).
 
-    python bench/page_latency.py [--rounds 7] [--out results/bench/page_latency.json]
+    python bench/page_latency.py [--rounds 7] [--sessions 3] [--out results/bench/page_latency.json]
 
 One runs root with one run the size of a CPU training run (300 steps of 13 training records, a 7 x 6 evaluation
 grid and three diagnostics snapshots every 50 steps, the variance spectrum [7, 384]); each measured alone, in turn:
@@ -9,7 +9,8 @@ grid and three diagnostics snapshots every 50 steps, the variance spectrum [7, 3
                      the run's last step (the first session of a fresh server, then --rounds more in new pages);
   inline first page  in JupyterLab with the kernel started and the workbench imported (a notebook's import cell,
                      timed on its own: "kernel import"), the cell `show(root, "live")` run until the step shows;
-                     "first page, cold kernel" is the two cells together;
+                     "first page, cold kernel" is the two cells together; each in a fresh JupyterLab, kernel and
+                     page, --sessions of them;
   snapshot switch    the Snapshots tab's step slider moved one step (the keyboard on its handle) until the figure's
                      title names the new step;
   new step           another process appends a step (RunLog, as the trainer writes) until the step pane shows it;
@@ -94,7 +95,8 @@ def snapshot_switches(page, rounds: int) -> list[float]:
         handle.focus()
         t0 = time.perf_counter()
         page.keyboard.press("ArrowLeft" if direction < 0 else "ArrowRight")
-        out.append(until(titled(steps[i]), 30))
+        until(titled(steps[i]), 30)
+        out.append(time.perf_counter() - t0)                     # from the key press, not from after it
     page.get_by_text("Monitor", exact=True).last.click()
     return out
 
@@ -119,36 +121,42 @@ def served(root: Path, rounds: int) -> dict:
     return out
 
 
-def inline(folder: Path, root: Path, rounds: int, step0: int) -> dict:
-    path = folder / "inline.ipynb"
-    notebook_with(folder, "inline.ipynb", "1 + 1")
-    nb = json.loads(path.read_text())
-    first = nb["cells"][0]
-    nb["cells"] = [first, {**first, "id": "c1", "source": "from matryoshka_lab.workbench import show"},
-                   {**first, "id": "c2", "source": f"show({str(root)!r}, 'live')"},
-                   {**first, "id": "c3", "source": BUSY.format(seconds=60)}]
-    path.write_text(json.dumps(nb))
-    port, out = free_port(), {}
-    with jupyter_lab(folder, port), chromium_page(1500, 1600) as page:
-        run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/inline.ipynb?token=t", shows=".jp-OutputArea-output")
-        cells = page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor >> visible=true")
-        cells.nth(1).click()
-        t0 = time.perf_counter()
-        page.keyboard.press("Shift+Enter")                       # the import cell: done when its prompt says [2]
-        imported = until(lambda: page.locator(".jp-InputPrompt >> text=[2]").count() > 0, 120)
-        cells.nth(2).click()
-        t0 = time.perf_counter()
-        page.keyboard.press("Shift+Enter")
-        until(shows_step(page, step0), 120)
-        out["first page"] = [time.perf_counter() - t0]
-        out["first page, cold kernel"] = [imported + out["first page"][0]]
-        out["kernel import"] = [imported]
-        out["snapshot switch"] = snapshot_switches(page, rounds)
-        out["new step"] = [new_step(page, root / "live", step0 + 1 + i) for i in range(rounds)]
-        cells.nth(3).click()
-        page.keyboard.press("Shift+Enter")
-        time.sleep(2)
-        out["new step, kernel busy"] = [new_step(page, root / "live", step0 + rounds + 1 + i) for i in range(rounds)]
+def inline(folder: Path, root: Path, rounds: int, step0: int, sessions: int) -> dict:
+    "Each session a fresh JupyterLab, kernel and page (a first page is one a session): the import cell, then show(); the last session also times snapshot switches and new steps, the kernel idle and busy."
+    out = {"first page": [], "first page, cold kernel": [], "kernel import": []}
+    for session in range(sessions):
+        where = folder / f"lab{session}"
+        where.mkdir()
+        path = notebook_with(where, "inline.ipynb", "1 + 1")
+        nb = json.loads(path.read_text())
+        first = nb["cells"][0]
+        nb["cells"] = [first, {**first, "id": "c1", "source": "from matryoshka_lab.workbench import show"},
+                       {**first, "id": "c2", "source": f"show({str(root)!r}, 'live')"},
+                       {**first, "id": "c3", "source": BUSY.format(seconds=60)}]
+        path.write_text(json.dumps(nb))
+        port = free_port()
+        with jupyter_lab(where, port), chromium_page(1500, 1600) as page:
+            run_first_cell(page, f"http://127.0.0.1:{port}/lab/tree/inline.ipynb?token=t", shows=".jp-OutputArea-output")
+            cells = page.locator(".jp-Notebook .jp-Cell .jp-InputArea-editor >> visible=true")
+            cells.nth(1).click()
+            page.keyboard.press("Shift+Enter")                   # the import cell: done when its prompt says [2]
+            imported = until(lambda: page.locator(".jp-InputPrompt >> text=[2]").count() > 0, 120)
+            cells.nth(2).click()
+            t0 = time.perf_counter()
+            page.keyboard.press("Shift+Enter")
+            until(shows_step(page, step0), 120)
+            shown = time.perf_counter() - t0
+            out["first page"].append(shown)
+            out["first page, cold kernel"].append(imported + shown)
+            out["kernel import"].append(imported)
+            if session < sessions - 1:
+                continue
+            out["snapshot switch"] = snapshot_switches(page, rounds)
+            out["new step"] = [new_step(page, root / "live", step0 + 1 + i) for i in range(rounds)]
+            cells.nth(3).click()
+            page.keyboard.press("Shift+Enter")
+            time.sleep(2)
+            out["new step, kernel busy"] = [new_step(page, root / "live", step0 + rounds + 1 + i) for i in range(rounds)]
     return out
 
 
@@ -166,6 +174,7 @@ def summary(samples: dict) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--sessions", type=int, default=3, help="fresh JupyterLab sessions for the inline first page")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,8 +182,8 @@ def main():
         root = folder / "runs"
         write_training_run(root / "live")
         samples = {"served": served(root, a.rounds)}
-        samples["inline"] = inline(folder, root, a.rounds, STEPS + a.rounds)
-    result = {"rounds": a.rounds, "steps": STEPS, **{k: summary(v) for k, v in samples.items()}, "seconds": samples}
+        samples["inline"] = inline(folder, root, a.rounds, STEPS + a.rounds, a.sessions)
+    result = {"rounds": a.rounds, "sessions": a.sessions, "steps": STEPS, **{k: summary(v) for k, v in samples.items()}, "seconds": samples}
     for where in ("served", "inline"):
         for name, s in result[where].items():
             goal = "(no goal)" if s["goal_s"] is None else f"goal {s['goal_s']:.0f} s   x{s['over_goal']:.2f}"

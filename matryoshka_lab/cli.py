@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--precisions", default="float32",
                    help="retrieval tasks: the stored index precisions, of float32,int8,binary,int8+rescore,binary+rescore")
     e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps")
+    e.add_argument("--transform", default=None, metavar="pca|random",
+                   help="score a training-free reference of the model: pca (fitted on --fit) or random (a seeded rotation)")
+    e.add_argument("--fit", default=None, metavar="TASK", help="pca's fit set: a task or a file of your own, its train split "
+                   "(less the texts the grid scores)")
+    e.add_argument("--seed", type=int, default=0, help="the random rotation's seed (default 0)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     t = sub.add_parser("train", help="train from a YAML config (configs/*.yaml); resumes a run directory's checkpoint")
     t.add_argument("config", help="YAML file with TrainConfig fields")
@@ -294,6 +299,20 @@ def _eval(args) -> None:
     with RunLock(run) if run is not None else contextlib.nullcontext():
         _evaluate_to(args, out)
 
+def _transform_fit(args) -> tuple[list[str], str]:
+    "The --transform's fit set (texts, where from), checked against its kind, before any model loads."
+    if not args.transform:
+        if args.fit:
+            raise ValueError("--fit is the fit set of a --transform: give --transform pca too")
+        return [], ""
+    from matryoshka_lab.transforms import TRANSFORMS, fit_texts
+    if args.transform not in TRANSFORMS:
+        raise ValueError(f"unknown transform {args.transform!r}: one of {', '.join(TRANSFORMS)}")
+    if (args.transform == "pca") != bool(args.fit):
+        raise ValueError("--transform pca needs --fit TASK (the texts it is fitted on)" if args.fit is None else
+                         "--transform random is fitted on nothing: drop --fit")
+    return fit_texts(args.fit, args.data_dir, args.columns) if args.fit else ([], "")
+
 def _evaluate_to(args, out: Path) -> None:
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.data import load_task
@@ -303,13 +322,25 @@ def _evaluate_to(args, out: Path) -> None:
     loaded = [load_task(t, args.data_dir, args.columns) for t in tasks]     # every task read (and checked) before the model
     check_task_names(loaded)
     _data_notes(args, tasks)
+    fit = _transform_fit(args)                                  # its fit set read (and checked) before the model too
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
+    transform = None
+    if args.transform:
+        from matryoshka_lab.eval import task_texts
+        from matryoshka_lab.transforms import fit_transform
+        transform = fit_transform(args.transform, enc, fit[0], args.layers, fit[1], args.seed, batch_size=args.batch_size,
+                                  exclude=[s for t in loaded for s in task_texts(t)], progress=not args.no_progress)
+        if transform.fitted_on.get("excluded"):
+            print(f"note: {transform.fitted_on['excluded']:,} texts of {fit[1]} are among those the grid scores: "
+                  "left out of the fit", file=sys.stderr)
     df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions,
-                  notes=True)                                   # texts longer than the model reads, per task
+                  notes=True, transform=transform)              # texts longer than the model reads, per task
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, df.to_json(orient="records", indent=1) if out.suffix.lower() == ".json" else df.to_csv(index=False))
     _print_tables(df)
+    if transform is not None:
+        print(f"Wrote the {transform.kind} transform to {transform.save(out.with_name(out.stem + '.transform'))}")
     if args.plot:
         from matryoshka_lab.plots import save_heatmaps
         save_heatmaps(df, out.with_suffix(""))

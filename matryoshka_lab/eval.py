@@ -367,7 +367,8 @@ def scored_cells(task: Task, cells: int, precisions) -> int:
 
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
              max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
-             precisions=("float32",), columns: dict | None = None, notes: bool | None = None) -> pd.DataFrame:
+             precisions=("float32",), columns: dict | None = None, notes: bool | None = None,
+             transform=None) -> pd.DataFrame:   # a fitted transforms.Transform: its prefixes scored (attrs['transform'])
     "Tidy table (task, layer, dim, metric, value) of `tasks` (names, paths to your own data with the `columns` renames, or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...). attrs['truncated']: per task, its texts longer than the encoder reads, said on stderr with `notes` (default: with progress)."
     from tqdm.auto import tqdm
     if isinstance(tasks, (str, Task)):
@@ -382,6 +383,8 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     index, positions = {}, []
     for t in loaded:
         positions.append(np.array([index.setdefault(s, len(index)) for s in task_texts(t)]))
+    if transform is not None:
+        transform.check_disjoint(list(index))                 # never scored on what it was fitted on
     if (progress if notes is None else notes) and set(precisions) - {"float32"} \
             and not any(isinstance(t.test, RetrievalData) for t in loaded):
         tqdm.write(f"note: precisions {', '.join(precisions)} apply to retrieval tasks, and none of these is one: "
@@ -395,6 +398,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
                        f"the encoder reads their first {limit}", file=sys.stderr)
     t0 = time.perf_counter()
     emb = encoder.encode(list(index), batch_size=batch_size, max_length=max_length, layers=layer_ids, progress=progress)
+    emb = emb if transform is None else transform.apply(emb, layer_ids)
     t_encode = time.perf_counter() - t0
     n_cells = sum(scored_cells(t, len(layer_ids) * len(dims), precisions) for t in loaded)
     bar = tqdm(total=n_cells, desc="scoring", unit="cell", disable=not progress or n_cells == 0)
@@ -407,6 +411,8 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     bar.close()
     df = pd.DataFrame(rows, columns=["task", "layer", "dim", "metric", "value"])
     df.attrs.update(n_texts=len(index), truncated={k: v[0] for k, v in truncated.items()}, max_length=limit, encode_seconds=t_encode, score_seconds=time.perf_counter() - t0 - t_encode)
+    if transform is not None:
+        df.attrs["transform"] = transform.describe()
     return df
 
 # %% ../nbs/04_eval.ipynb #03c027
