@@ -7,8 +7,8 @@
           the texts the grid scores (transforms.fit_transform);
   random  the same with a seeded random rotation.
 Each round runs the three in a rotated order (drift on a noisy machine hits each alike); printed: the median seconds
-of each and the ratio of each transform's median to plain's. Goal (issue 68): at most 1.05x. The last line is one
-JSON object; --out also writes it with what made it.
+of each and the ratio of each transform's median to plain's (goal, issue 68: at most 1.05x), and each grid's scores
+at the last layer (the same every round). The last line is one JSON object; --out also writes it with what made it.
 """
 import argparse
 import json
@@ -41,21 +41,24 @@ def main():
     texts, source = fit_texts("stsb", a.data_dir)
     transforms = {"plain": None, "pca": fit_transform("pca", enc, texts, "all", source, exclude=scored),
                   "random": RandomRotation(enc.hidden_size, 0)}
-    seconds = {k: [] for k in transforms}
+    seconds, last = {k: [] for k in transforms}, {}
     names = list(transforms)
     for r in range(a.rounds):
         for name in names[r % 3:] + names[:r % 3]:
             t0 = time.perf_counter()
-            evaluate(enc, tasks, progress=False, transform=transforms[name])
+            grid = evaluate(enc, tasks, progress=False, transform=transforms[name])
             seconds[name].append(time.perf_counter() - t0)
+            top = grid[grid.layer == grid.layer.max()]
+            last[name] = {f"{t}/{m}": dict(zip(g.dim.tolist(), g.value.round(2).tolist())) for (t, m), g in top.groupby(["task", "metric"])}
             print(f"round {r + 1}: {name:6s} {seconds[name][-1]:.2f} s", file=sys.stderr)
     median = {k: statistics.median(v) for k, v in seconds.items()}
     ratio = {k: round(median[k] / median["plain"], 3) for k in ("pca", "random")}
     for k in names:
         print(f"{k:6s} median {median[k]:6.2f} s" + ("" if k == "plain" else f"   {ratio[k]:.3f}x plain (goal <= {GOAL}x)"))
+        print(f"       last layer: {last[k]}")
     result = {"tasks": a.tasks, "model": a.model, "n_texts": len(set(scored)), "n_fit": transforms["pca"].fitted_on["n_fit"],
               "rounds": a.rounds, "median_s": {k: round(v, 3) for k, v in median.items()}, "ratio_to_plain": ratio,
-              "goal": GOAL, "seconds": seconds}
+              "goal": GOAL, "last_layer": last, "seconds": seconds}
     if a.out:
         write_json(a.out, {**provenance(shlex.join(["python", *sys.argv])), **result})
     print(json.dumps({k: v for k, v in result.items() if k != "seconds"}))
