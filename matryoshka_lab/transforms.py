@@ -129,10 +129,7 @@ class RandomRotation(Transform):
         q, r = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
         self.q, self.dim = q * torch.sign(torch.diagonal(r)), dim                # Haar: R's diagonal signs into Q
 
-    def _at(self, layers) -> list[int]:
-        return list(layers)                                                       # the same Q at any hidden state
-
-    def apply(self, emb, layers) -> torch.Tensor:
+    def apply(self, emb, layers) -> torch.Tensor:   # the same Q at any of the hidden states `layers`
         x = torch.as_tensor(emb, dtype=torch.float64)
         if x.shape[-1] != self.dim:
             raise ValueError(f"the random rotation is {self.dim} x {self.dim}; the embeddings have {x.shape[-1]} dims")
@@ -153,9 +150,8 @@ def fit_transform(kind: str, encoder, texts=(), layers="all", source: str = "", 
         if texts:
             raise ValueError("the random rotation is fitted on nothing: give it no fit set")
         return RandomRotation(encoder.hidden_size, seed, layer_ids)
-    scored = _hashes(exclude)
-    given = list(dict.fromkeys(texts))
-    texts = [t for t, h in zip(given, map(lambda t: hashlib.sha1(t.encode("utf-8")).hexdigest(), given)) if h not in scored]
+    scored, given = set(exclude), list(dict.fromkeys(texts))
+    texts = [t for t in given if t not in scored]
     if len(texts) < encoder.hidden_size:
         raise ValueError(f"PCA of {encoder.hidden_size} dims needs at least {encoder.hidden_size} distinct fit texts, "
                          f"got {len(texts)}{f' ({source})' if source else ''}")
