@@ -18,8 +18,8 @@ from pathlib import Path
 from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
-__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'TUTORIAL', 'WORKER_ENV', 'demo_tasks', 'run_demo', 'build_parser',
-           'copy_tutorial', 'loss_summary', 'check_out_file', 'parse_columns', 'main']
+__all__ = ['DEMO_TASKS', 'HUB_DEMO_TASKS', 'BUILTIN_TASKS', 'WORKER_ENV', 'demo_tasks', 'run_demo', 'build_parser',
+           'loss_summary', 'check_out_file', 'parse_columns', 'main']
 
 # %% ../nbs/21_cli.ipynb #05c006
 DEMO_TASKS = ["stsb", "sickr", "clinc150"]
@@ -158,25 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("dest", nargs="?", default="tutorial", help="folder for your_method.ipynb (default: ./tutorial)")
     return p
 
-TUTORIAL = "25_your_method.ipynb"
-
-def copy_tutorial(dest: str | Path = "tutorial") -> Path:
-    "DEST/your_method.ipynb: the checkout's nbs/25_your_method.ipynb with its outputs cleared (an existing file is refused, never overwritten)."
-    import matryoshka_lab
-    src = Path(matryoshka_lab.__file__).resolve().parents[1] / "nbs" / TUTORIAL   # the checkout an editable install runs
-    if not src.is_file():
-        raise ValueError(f"the tutorial ships with the source checkout (nbs/{TUTORIAL}), which this install has not: "
-                         "clone the project and `pip install -e .` it")
-    out = Path(dest) / "your_method.ipynb"
-    if out.exists():
-        raise ValueError(f"{out} exists (your copy is kept): name another folder")
-    nb = json.loads(src.read_text(encoding="utf-8"))
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            cell.update(outputs=[], execution_count=None)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return out
 
 # %% ../nbs/21_cli.ipynb #05c009b
 def _num(x, spec: str = "+.3f") -> str:
@@ -443,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "fractal":
             _fractal(args)
         elif args.command == "tutorial":
+            from matryoshka_lab.tutorial import copy_tutorial
             out = copy_tutorial(args.dest)
             print(f"Wrote {out}: open it with `jupyter lab {out}` (runs and outputs stay in your copy)")
         elif args.command == "tasks":

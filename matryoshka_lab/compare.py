@@ -5,8 +5,6 @@
 # %% ../nbs/23_compare.ipynb #23c002
 from __future__ import annotations
 
-import io
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -14,10 +12,11 @@ import panel as pn
 
 from .dashboard import metric_kind, name_parts
 from .evaluations import RunGrids, read_grids
-from .figures import Colours, difference_chart, prefix_chart, render
+from .exports import SIZE, chart_exports
+from .figures import Colours, difference_chart, prefix_chart
 
 # %% auto #0
-__all__ = ['BAR_KINDS', 'BARS_PER_KIND', 'SIZE', 'compare_bars', 'parse_size', 'chart_exports', 'PrefixCompare']
+__all__ = ['BAR_KINDS', 'BARS_PER_KIND', 'compare_bars', 'PrefixCompare']
 
 # %% ../nbs/23_compare.ipynb #23c005
 BAR_KINDS, BARS_PER_KIND = 3, 12   # the Compare bars: panels (one per kind of metric) and bars per run in each
@@ -55,29 +54,6 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
     return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
 
 # %% ../nbs/23_compare.ipynb #23c008
-SIZE = "3.5 x 2.5"     # inches, width x height: a one-column figure
-
-def parse_size(text: str) -> tuple[float, float]:
-    "'3.5 x 2.5' (or '3.5x2.5', '3.5, 2.5') -> (3.5, 2.5) inches; ValueError otherwise."
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*[x×,]\s*(\d+(?:\.\d+)?)\s*(?:in)?\s*", text or "")
-    if not m or not (0 < float(m[1]) <= 40 and 0 < float(m[2]) <= 40):
-        raise ValueError(f"a size is 'WIDTH x HEIGHT' in inches, each up to 40 (e.g. {SIZE!r}), not {text!r}")
-    return float(m[1]), float(m[2])
-
-def chart_exports(get_chart, stem: str,            # get_chart() -> the altair chart shown, at click time (or None)
-                  size: pn.widgets.TextInput | None = None) -> pn.Row:   # 'WIDTH x HEIGHT' inches; None: a box of its own
-    "SVG, PDF and 300-dpi PNG download buttons of the chart get_chart() returns at click time, at size.value inches (a size box first when it has its own)."
-    own = size is None
-    size = pn.widgets.TextInput(value=SIZE, width=80, placeholder="w x h, in") if own else size
-    def payload(fmt):
-        chart = get_chart()
-        if chart is None:
-            return io.BytesIO(b"")
-        w, h = parse_size(size.value)
-        return io.BytesIO(render(chart, fmt, w, h))
-    return pn.Row(*[size] * own, *[pn.widgets.FileDownload(callback=lambda fmt=fmt: payload(fmt), filename=f"{stem}.{fmt}",
-                                                           label=f"Export {fmt.upper()}", width=130) for fmt in ("svg", "pdf", "png")])
-
 class PrefixCompare:
     "The Compare tab's Matryoshka figures of the chosen runs at their common step: quality against prefix size (seed groups pooled) and one run's difference from the reference, with exports at a size."
     def __init__(self, root: str | Path, colours: Colours,   # the session's colours: a run's colour in every tab

@@ -20,11 +20,12 @@ import pandas as pd
 import panel as pn
 
 from .dashboard import (
-    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, figure_export, fractal_results,
+    GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, fractal_results,
     is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
     prefix_splits, read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
 from .budget import RETRIEVAL_METRIC, advise, budget_cells
-from .compare import SIZE, PrefixCompare, chart_exports, compare_bars, parse_size
+from .compare import PrefixCompare, compare_bars
+from .exports import SIZE, chart_exports, export_row
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
 from .figures import Colours, frontier_chart, spectra_chart
 from .notebook_copy import STATIC_EVERY_S, NotebookCopy
@@ -35,10 +36,10 @@ from .plots import grid_table, headline, plot_grid
 __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT',
            'GRID_BYTES', 'WAIT_S', 'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth',
-           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'export_row', 'fit', 'figure_pane',
-           'with_exports', 'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser',
-           'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
-           'Workbench', 'build_app', 'show']
+           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'fit', 'figure_pane', 'with_exports',
+           'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin',
+           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
+           'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -134,14 +135,6 @@ def default_eval(names: list[str], task: str | None = None) -> list[str]:
     return spearman[:MAX_CURVES] or sorted(names, key=lambda n: n.startswith("diag/"))[:4]
 
 # %% ../nbs/24_workbench.ipynb #20c010
-def export_row(get_fig, stem: str) -> pn.Row:
-    "Download buttons for the plotly figure get_fig() returns at click time: HTML, and SVG, PDF, 300-dpi PNG at the size typed beside them."
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
-    size = pn.widgets.TextInput(value="7 x 4", width=70, placeholder="w x h, in", css_classes=["ml-export-size"])
-    return pn.Row(size, *[pn.widgets.FileDownload(
-        callback=lambda fmt=fmt: io.BytesIO(figure_export(get_fig(), fmt, *parse_size(size.value), dpi=300)),
-        filename=f"{safe}.{fmt}", label=f"Export {fmt.upper()}", width=100) for fmt in ("html", "svg", "pdf", "png")])
-
 SIDEBAR, FIGURE_HEIGHT, GRID_HEIGHT = 300, 380, 470   # px: a tab's control column; figures fill the width left
 
 def fit(fig):
