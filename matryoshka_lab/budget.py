@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'bytes_per_vector', 'budget_cells', 'pareto', 'advise']
+__all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'NO_TRANSFORM', 'bytes_per_vector', 'transform_parts', 'budget_cells',
+           'pareto', 'advise']
 
 # %% ../nbs/03_budget.ipynb #03a005
 RETRIEVAL_PRECISIONS = ("float32", "int8", "binary")
@@ -29,8 +30,17 @@ def _precision_of(metric: str, base: str) -> str | None:
     head, _, precision = metric.partition("/")
     return precision if head == base and precision else None
 
+NO_TRANSFORM = "none"   # a grid's `transform` for the model's own cells (a grid without that column is all its own)
+
+def transform_parts(grid: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    "A grid's cells by whose they are, {transform: its rows without the column}, the model's own (NO_TRANSFORM) first; a grid without a `transform` column is all the model's own."
+    if "transform" not in grid.columns:
+        return {NO_TRANSFORM: grid}
+    labels = sorted(dict.fromkeys(grid["transform"]), key=lambda l: l != NO_TRANSFORM)   # stable: first seen after it
+    return {l: grid[grid["transform"] == l].drop(columns="transform").reset_index(drop=True) for l in labels}
+
 def budget_cells(grid: pd.DataFrame, task: str, metric: str | None = None, latency: dict | None = None) -> pd.DataFrame:
-    "One row per (layer, dim, precision) cell of `task` in a tidy grid: score, ratio to the full model (last layer, full width, float32), bytes a vector and (with `latency`) query latency."
+    "One row per (layer, dim, precision) cell of `task` in a tidy grid (and per transform, when it has a `transform` column): score, ratio to the full model (its own last layer, full width, float32), bytes a vector and (with `latency`) query latency."
     rows = grid[grid.task == task]
     if rows.empty:
         raise ValueError(f"the grid has no rows of task {task!r}; it has {sorted(grid.task.unique())}")
@@ -38,8 +48,10 @@ def budget_cells(grid: pd.DataFrame, task: str, metric: str | None = None, laten
     cells = rows.assign(precision=[_precision_of(m, metric) for m in rows.metric]).dropna(subset=["precision"])
     if cells.empty:
         raise ValueError(f"task {task!r} has no {metric!r} rows (metrics: {sorted(rows.metric.unique())})")
-    cells = cells.rename(columns={"value": "score"})[["layer", "dim", "precision", "score"]].reset_index(drop=True)
-    full = cells[(cells.layer == cells.layer.max()) & (cells.dim == cells.dim.max()) & (cells.precision == "float32")]
+    whose = ["transform"] if "transform" in cells.columns else []
+    cells = cells.rename(columns={"value": "score"})[whose + ["layer", "dim", "precision", "score"]].reset_index(drop=True)
+    own = cells[cells["transform"] == NO_TRANSFORM] if whose and (cells["transform"] == NO_TRANSFORM).any() else cells
+    full = own[(own.layer == own.layer.max()) & (own.dim == own.dim.max()) & (own.precision == "float32")]
     if full.empty:
         raise ValueError(f"task {task!r} has no float32 cell at the last layer and full width: no reference to compare with")
     cells["ratio"] = cells.score / float(full.score.iloc[0])

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from .budget import NO_TRANSFORM, transform_parts
 from .core import DATA_ENV, PRECISIONS, hub_reachable, provenance, resolve_data_dir, resolve_precision
 
 # %% auto #0
@@ -40,10 +41,12 @@ def demo_tasks(data_dir: str | None) -> tuple[list[str], str]:
 
 # %% ../nbs/21_cli.ipynb #05c007
 def _print_tables(df, out=sys.stdout) -> None:
+    "Each task's headline metric as a layer x dim table: the model's own, then each transform's (a grid's `transform` column)."
     from matryoshka_lab.plots import grid_table, headline
-    for task, metric in headline(df):
-        print(f"\n{task}: {metric} (rows: layer, columns: prefix dim)", file=out)
-        print(grid_table(df, task, metric).round(2).to_string(), file=out)
+    for label, part in transform_parts(df).items():
+        for task, metric in headline(part):
+            print(f"\n{task}: {metric}{'' if label == NO_TRANSFORM else f', {label}'} (rows: layer, columns: prefix dim)", file=out)
+            print(grid_table(part, task, metric).round(2).to_string(), file=out)
 
 def _print_reference(df, model: str, out=sys.stdout) -> None:
     "Compare the last-layer, full-dim cells with MTEB's published numbers of a packaged model ('embedded', 'mpnet')."
@@ -112,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your own files' column renames, e.g. question=anchor,answer=positive (OLD= drops a column)")
     e.add_argument("--layers", default=None, help="hidden states: 'all', '-1' or e.g. '0,3,6' (default: all)")
     e.add_argument("--dims", default=None, help="prefix dims, e.g. '16,32,64' (default: powers of two and D)")
-    e.add_argument("--out", default=None, help="file to write: .csv (columns task,layer,dim,metric,value) or .json")
+    e.add_argument("--out", default=None, help="file to write: .csv (columns task,layer,dim,metric,value; with --transform, transform) or .json")
     e.add_argument("--protocol", default="mteb", choices=["mteb", "full", "both"],
                    help="classification protocol (default: mteb)")
     e.add_argument("--pooling", default=None, choices=["mean", "cls", "last"], help="default: the model's own")
@@ -122,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forward pass: fp32 (default on CPU), bf16, or auto (bf16 where the CPU has it natively)")
     e.add_argument("--precisions", default="float32",
                    help="retrieval tasks: the stored index precisions, of float32,int8,binary,int8+rescore,binary+rescore")
-    e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps")
-    e.add_argument("--transform", default=None, metavar="pca|random",
-                   help="score a training-free reference of the model: pca (fitted on --fit) or random (a seeded rotation)")
+    e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps (OUT_KIND.* for each --transform)")
+    e.add_argument("--transform", default=None, metavar="pca,random",
+                   help="also score training-free references of the model, from the same forward pass: pca (fitted on "
+                   "--fit), random (a seeded rotation); the grid's `transform` column tells them from the model (none)")
     e.add_argument("--fit", default=None, metavar="TASK", help="pca's fit set: a task or a file of your own, its train split "
                    "(less the texts the grid scores)")
     e.add_argument("--seed", type=int, default=0, help="the random rotation's seed (default 0)")
@@ -280,19 +284,6 @@ def _eval(args) -> None:
     with RunLock(run) if run is not None else contextlib.nullcontext():
         _evaluate_to(args, out)
 
-def _transform_fit(args) -> tuple[list[str], str]:
-    "The --transform's fit set (texts, where from), checked against its kind, before any model loads."
-    if not args.transform:
-        if args.fit:
-            raise ValueError("--fit is the fit set of a --transform: give --transform pca too")
-        return [], ""
-    from matryoshka_lab.transforms import TRANSFORMS, fit_texts
-    if args.transform not in TRANSFORMS:
-        raise ValueError(f"unknown transform {args.transform!r}: one of {', '.join(TRANSFORMS)}")
-    if (args.transform == "pca") != bool(args.fit):
-        raise ValueError("--transform pca needs --fit TASK (the texts it is fitted on)" if args.fit is None else
-                         "--transform random is fitted on nothing: drop --fit")
-    return fit_texts(args.fit, args.data_dir, args.columns) if args.fit else ([], "")
 
 def _evaluate_to(args, out: Path) -> None:
     from matryoshka_lab.encoder import Encoder
@@ -303,28 +294,30 @@ def _evaluate_to(args, out: Path) -> None:
     loaded = [load_task(t, args.data_dir, args.columns) for t in tasks]     # every task read (and checked) before the model
     check_task_names(loaded)
     _data_notes(args, tasks)
-    fit = _transform_fit(args)                                  # its fit set read (and checked) before the model too
+    from matryoshka_lab.transforms import fit_texts, fit_transform, parse_transforms
+    kinds = parse_transforms(args.transform, args.fit)          # the transforms and their fit set checked before the model
+    texts, source = fit_texts(args.fit, args.data_dir, args.columns) if args.fit else ([], "")
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
-    transform = None
-    if args.transform:
-        from matryoshka_lab.eval import task_texts
-        from matryoshka_lab.transforms import fit_transform
-        transform = fit_transform(args.transform, enc, fit[0], args.layers, fit[1], args.seed, batch_size=args.batch_size,
-                                  exclude=[s for t in loaded for s in task_texts(t)], progress=not args.no_progress)
-        if transform.fitted_on.get("excluded"):
-            print(f"note: {transform.fitted_on['excluded']:,} texts of {fit[1]} are among those the grid scores: "
-                  "left out of the fit", file=sys.stderr)
+    from matryoshka_lab.eval import task_texts
+    scored = [s for t in loaded for s in task_texts(t)]
+    fitted = [fit_transform(k, enc, texts if k == "pca" else (), args.layers, source, args.seed, batch_size=args.batch_size,
+                            exclude=scored, progress=not args.no_progress) for k in kinds]
+    for t in fitted:
+        if t.fitted_on.get("excluded"):
+            print(f"note: {t.fitted_on['excluded']:,} texts of {source} are among those the grid scores: left out of the "
+                  f"{t.kind} fit", file=sys.stderr)
     df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions,
-                  notes=True, transform=transform)              # texts longer than the model reads, per task
+                  notes=True, transform=[None, *fitted] if fitted else None)   # (notes: texts longer than the model reads)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, df.to_json(orient="records", indent=1) if out.suffix.lower() == ".json" else df.to_csv(index=False))
     _print_tables(df)
-    if transform is not None:
-        print(f"Wrote the {transform.kind} transform to {transform.save(out.with_name(out.stem + '.transform'))}")
+    for t in fitted:
+        print(f"Wrote the {t.kind} transform to {t.save(out.with_name(f'{out.stem}.transforms') / t.kind)}")
     if args.plot:
         from matryoshka_lab.plots import save_heatmaps
-        save_heatmaps(df, out.with_suffix(""))
+        for label, part in transform_parts(df).items():             # the model's own heatmaps, then each transform's
+            save_heatmaps(part, out.with_suffix("") if label == NO_TRANSFORM else out.with_name(f"{out.stem}_{label}"))
     print(f"\nWrote {len(df)} rows to {out}")
 
 def _torchrun(args) -> int:

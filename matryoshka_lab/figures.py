@@ -260,7 +260,7 @@ PRECISION_COLOURS = {"float32": "#4c78a8", "int8": "#54a24b", "int8+rescore": "#
 
 def frontier_chart(grid: pd.DataFrame, task: str, tolerances: Sequence[float] = (0.01, 0.05), metric: str | None = None,
                    title: str | None = None):
-    "Quality against bytes a vector for every (layer, dim, precision) cell of `task` (budget.budget_cells), its Pareto frontier, the full model, each tolerance's floor and advise's pick."
+    "Quality against bytes a vector for every (layer, dim, precision) cell of `task` (budget.budget_cells; a transform's cells beside the model's own, a shape each), its Pareto frontier, the full model, each tolerance's floor and advise's pick."
     cells = budget_cells(grid, task, metric)
     metric = metric or RETRIEVAL_METRIC
     ref = float(cells.score[cells.ratio == 1.0].iloc[0])
@@ -269,12 +269,14 @@ def frontier_chart(grid: pd.DataFrame, task: str, tolerances: Sequence[float] = 
     order = [p for p in PRECISION_COLOURS if p in set(cells.precision)] + sorted(set(cells.precision) - set(PRECISION_COLOURS))
     x = alt.X("bytes_per_vector:Q", title="bytes a vector (log 2)", scale=alt.Scale(type="log", base=2))
     y = alt.Y("score:Q", title=metric, scale=alt.Scale(zero=False))
-    tip = ["layer:O", "dim:Q", "precision:N", alt.Tooltip("score:Q", format=".2f"), alt.Tooltip("ratio:Q", format=".1%"),
-           "bytes_per_vector:Q"]
-    points = alt.Chart(cells).mark_circle(opacity=0.6).encode(
+    whose = list(dict.fromkeys(cells["transform"])) if "transform" in cells.columns else []
+    tip = ["transform:N"] * bool(whose) + ["layer:O", "dim:Q", "precision:N", alt.Tooltip("score:Q", format=".2f"),
+                                          alt.Tooltip("ratio:Q", format=".1%"), "bytes_per_vector:Q"]
+    shape = [alt.Shape("transform:N", sort=whose, title="transform", scale=alt.Scale(domain=whose))] if whose else []
+    points = alt.Chart(cells).mark_point(filled=True, opacity=0.6).encode(
         x, y, alt.Color("precision:N", sort=order, title="precision",
                         scale=alt.Scale(domain=order, range=[PRECISION_COLOURS.get(p, "#888888") for p in order])),
-        alt.Size("layer:O", title="layer", legend=None, scale=alt.Scale(range=[18, 80])), tooltip=tip)
+        alt.Size("layer:O", title="layer", legend=None, scale=alt.Scale(range=[18, 80])), *shape, tooltip=tip)
     front = alt.Chart(pareto(cells)).mark_line(interpolate="step-after", color="black", strokeWidth=1).encode(x, y)
     floors = pd.DataFrame({"score": [ref] + [ref * (1 - t) for t in tolerances],
                            "line": ["full model"] + [f"{t:.1%}".replace(".0%", "%") + " below" for t in tolerances]})
@@ -283,8 +285,8 @@ def frontier_chart(grid: pd.DataFrame, task: str, tolerances: Sequence[float] = 
         tooltip=["line:N", alt.Tooltip("score:Q", format=".2f")])
     rings = alt.Chart(picks).mark_point(shape="circle", size=220, filled=False, color="black", strokeWidth=1.2).encode(x, y, tooltip=tip)
     names = alt.Chart(picks).mark_text(align="left", dx=10, dy=-9, fontSize=9).encode(x, y, text="label:N")
-    said = [f"within {l}: layer {p.layer}, dim {p.dim}, {p.precision}, {p.bytes_per_vector} B"
-            for l, (_, p) in zip(picks.label, picks.iterrows())]       # a line each
+    said = [f"within {l}: " + (f"{p['transform']}, " if whose else "") + f"layer {p.layer}, dim {p.dim}, {p.precision}, "
+            f"{p.bytes_per_vector} B" for l, (_, p) in zip(picks.label, picks.iterrows())]       # a line each
     return _titled(alt.layer(points, front, rules, rings, names), title or f"{task}: quality per byte", said)
 
 # %% ../nbs/06_figures.ipynb #06f024

@@ -15,7 +15,8 @@ import torch
 from .data import ClassificationData, HierarchyData, PairData, Sentences, STSData, Task, load_task
 
 # %% auto #0
-__all__ = ['TRANSFORMS', 'Transform', 'fit_texts', 'PCA', 'RandomRotation', 'fit_transform', 'load_transform']
+__all__ = ['TRANSFORMS', 'FITTED', 'Transform', 'fit_texts', 'PCA', 'RandomRotation', 'parse_transforms', 'fit_transform',
+           'load_transform']
 
 # %% ../nbs/04_transforms.ipynb #04t005
 def _hashes(texts) -> set[str]:
@@ -42,6 +43,14 @@ class Transform:
         if shared:
             raise ValueError(f"the {self.kind} transform was fitted on {shared:,} of the {len(set(texts)):,} texts this "
                              f"evaluation scores ({self.fitted_on.get('source', '?')}): fit it on another split or file")
+
+    def views(self, emb, layers, dims) -> list[tuple]:
+        "What evaluate scores of emb [L', N, D] (the hidden states `layers`): [(layers, their transformed embeddings, dims scored, dims recorded)]; a prefix transform's prefixes at the layers it was fitted at (any, when it names none)."
+        keep = [i for i, l in enumerate(layers) if not self.layers or int(l) in self.layers]
+        if not keep:
+            raise ValueError(f"the {self.kind} transform was fitted at layers {self.layers}, none of {list(layers)}")
+        at = [int(layers[i]) for i in keep]
+        return [(at, self.apply(emb[keep], at), dims, dims)]
 
     def describe(self) -> dict:
         "What it is and what it was fitted on, for a grid's meta.json."
@@ -137,6 +146,23 @@ class RandomRotation(Transform):
 
 # %% ../nbs/04_transforms.ipynb #04t015
 TRANSFORMS = ("pca", "random")
+FITTED = ("pca",)   # the transforms fitted on texts
+
+def parse_transforms(spec, fit=None) -> list[str]:
+    "The kinds of a transform list ('pca,random'), each known and given once, a fit set given exactly when one of them is fitted on texts: checked before any model loads."
+    kinds = [k.strip() for k in (spec or "").split(",") if k.strip()]
+    bad = [k for k in kinds if k not in TRANSFORMS]
+    if bad:
+        raise ValueError(f"unknown transform {bad[0]!r}: one of {', '.join(TRANSFORMS)}")
+    if len(set(kinds)) < len(kinds):
+        raise ValueError(f"{spec!r} names a transform twice")
+    fitted = [k for k in kinds if k in FITTED]
+    if fitted and not fit:
+        raise ValueError(f"--transform {fitted[0]} needs --fit TASK (the texts it is fitted on)")
+    if fit and not fitted:
+        raise ValueError(f"--transform {','.join(kinds)} is fitted on nothing: drop --fit" if kinds else
+                         f"--fit is the fit set of a --transform: give --transform {FITTED[0]} too")
+    return kinds
 
 def fit_transform(kind: str, encoder, texts=(), layers="all", source: str = "", seed: int = 0,
                   exclude=(),                 # texts the evaluation will score: never fitted on

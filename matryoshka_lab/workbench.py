@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import ipaddress
 import json
 import os
@@ -23,30 +22,27 @@ from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, fractal_results,
     is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
     prefix_splits, read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
-from .budget import RETRIEVAL_METRIC, advise, budget_cells
 from .compare import PrefixCompare, compare_bars
-from .exports import SIZE, chart_exports, export_row
+from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, chart_exports, figure_pane, fit, tab, with_exports
+from .grid_tabs import BudgetBrowser, GridBrowser, offer
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
-from .figures import Colours, frontier_chart, spectra_chart
+from .figures import Colours, spectra_chart
 from .notebook_copy import STATIC_EVERY_S, NotebookCopy
 from .serving import jupyter_origins, serve_here
-from .plots import grid_table, headline, plot_grid
+from .plots import headline, plot_grid
 
 # %% auto #0
-__all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'COLUMNS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT',
-           'GRID_BYTES', 'WAIT_S', 'COMPARE_TAB', 'client_allowed', 'empty_figure', 'axis_title', 'smooth',
-           'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'fit', 'figure_pane', 'with_exports',
-           'tab', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser', 'RunPickerMixin',
-           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
-           'build_app', 'show']
+__all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
+           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB', 'client_allowed',
+           'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
+           'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
+           'Workbench', 'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
 SLOW_EVERY = 10        # ticks between re-listing runs and snapshots (5 s)
 PLOT_EVERY_S = 1.0     # curves are redrawn at most this often; the step pane on every tick
 STEP_CLASS = "ml-step" # the element showing "step N" (tests find it by this class)
-COLUMNS = ["task", "layer", "dim", "metric", "value"]
 NOT_DEFAULT = ("lr", "grad_norm", "deferred")   # training curves not shown until chosen (deferred: a count of rows, not a loss)
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
 MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
@@ -133,186 +129,6 @@ def default_eval(names: list[str], task: str | None = None) -> list[str]:
         return [f"{task}/L{l}/d{d}/{metric}" for l, d in zip(sel.layer, sel.dim)][:MAX_CURVES]
     spearman = [n for n in names if n.endswith("spearman")]
     return spearman[:MAX_CURVES] or sorted(names, key=lambda n: n.startswith("diag/"))[:4]
-
-# %% ../nbs/24_workbench.ipynb #20c010
-SIDEBAR, FIGURE_HEIGHT, GRID_HEIGHT = 300, 380, 470   # px: a tab's control column; figures fill the width left
-
-def fit(fig):
-    "fig without its own fixed width, so that it takes its pane's."
-    return fig.update_layout(width=None, autosize=True)
-
-def figure_pane(fig, height: int = FIGURE_HEIGHT) -> pn.pane.Plotly:
-    "A Plotly pane as wide as its column, `height` px tall, showing fig at that size."
-    return pn.pane.Plotly(fit(fig), sizing_mode="stretch_width", height=height)
-
-def with_exports(pane: pn.pane.Plotly, stem: str) -> pn.Column:
-    "A figure pane over the export buttons of the figure it shows at click time."
-    return pn.Column(pane, export_row(lambda: pane.object, stem), sizing_mode="stretch_width")
-
-def tab(name: str, controls: list, *figures) -> pn.Row:
-    "A tab: its controls in a sidebar SIDEBAR px wide, its figures one under the other in the width left."
-    return pn.Row(pn.Column(*controls, width=SIDEBAR + 20), pn.Column(*figures, sizing_mode="stretch_width"),
-                  name=name, sizing_mode="stretch_width")
-
-# %% ../nbs/24_workbench.ipynb #20c013
-def find_grids(root: Path) -> dict[str, Path]:
-    "grid.csv files under root, by their path relative to root; anything resolving outside root is ignored."
-    root = Path(root).resolve()
-    found = {}
-    for name in safe_runs(root, markers=("grid.csv",)):
-        try:
-            path = run_file(root, name, "grid.csv")
-        except ValueError:
-            continue
-        if path.is_file():
-            found[f"{name}/grid.csv"] = path.resolve()
-    return found
-
-GRID_BYTES = 64 << 20   # the largest grid.csv read
-
-def read_grid(path: Path, root: Path) -> pd.DataFrame:
-    "A grid CSV under root, its rows checked (task and metric as text, layer and dim whole numbers, value a number; a cell given twice keeps its last row), or an empty frame with the right columns when it is missing, partial, malformed or no regular file."
-    try:
-        df = pd.read_csv(io.BytesIO(read_file(path, root, GRID_BYTES)), dtype={"task": str, "metric": str})
-    except (ValueError, pd.errors.ParserError):
-        return pd.DataFrame(columns=COLUMNS)
-    if list(df.columns) != COLUMNS:
-        return pd.DataFrame(columns=COLUMNS)
-    for col in ("layer", "dim", "value"):
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = df.dropna(subset=["task", "layer", "dim", "metric"])
-    whole = (df.layer % 1 == 0) & (df.dim % 1 == 0) & df.layer.between(0, 1e6) & df.dim.between(1, 1e9)
-    df = df[whole].astype({"layer": int, "dim": int})
-    return df.drop_duplicates(["task", "layer", "dim", "metric"], keep="last").reset_index(drop=True)
-
-# %% ../nbs/24_workbench.ipynb #20c015
-class GridPicker:
-    "A picker of the grid.csv files under root: refresh() lists them again and reloads the chosen one when its file changed; a load hands its table to on_load."
-    def __init__(self, root: Path, on_load):
-        self.root, self.on_load = Path(root), on_load
-        self.grids: dict[str, Path] = {}
-        self._loaded = False                                  # (path, mtime, size) of the file last read; False: none yet
-        self.select = pn.widgets.Select(label="Grid", options=[], width=SIDEBAR)
-        self.select.param.watch(lambda e: self.load(), "value")
-
-    def refresh(self) -> None:
-        "List the grids again (the chosen one kept while it is there); read the chosen one again if its file changed."
-        self.grids = find_grids(self.root)
-        names = list(self.grids)
-        if names != list(self.select.options):
-            keep = self.select.value if self.select.value in names else (names[0] if names else None)
-            self.select.options = names
-            self.select.value = keep                           # fires load when it changes
-        if self._stamp() != self._loaded:
-            self.load()
-
-    def _stamp(self):
-        path = self.grids.get(self.select.value)
-        try:
-            st = path.stat()
-        except (AttributeError, OSError):
-            return None
-        return path, st.st_mtime_ns, st.st_size
-
-    def prefer(self, run: str | None) -> None:
-        "Choose the grid of run `run` when it has one (the workbench opened a run: its grid comes first)."
-        name = f"{run}/grid.csv"
-        if run and name in self.grids and self.select.value != name:
-            self.select.value = name                           # fires load
-
-    def load(self) -> None:
-        "Read the chosen grid (an empty table when there is none) and hand it to on_load."
-        self._loaded = self._stamp()
-        path = self.grids.get(self.select.value)
-        self.on_load(read_grid(path, self.root) if path else pd.DataFrame(columns=COLUMNS))
-
-def offer(widget, options: list, fallback, draw) -> None:
-    "Give a Select `options`, keeping its choice while offered, else choosing `fallback`; `draw` runs once either way (a new value fires it through the widget's watcher)."
-    keep = widget.value if widget.value in options else fallback
-    widget.options = options
-    if keep != widget.value:
-        widget.value = keep
-    else:
-        draw()
-
-class GridBrowser:
-    "The Grids tab: a GridPicker, a task / metric picker, the heatmap, its table and export buttons; its picker's refresh() follows new and rewritten grids."
-    def __init__(self, root: Path):
-        self.df = pd.DataFrame(columns=COLUMNS)
-        self.pair = pn.widgets.Select(label="Task / metric", width=SIDEBAR)
-        self.body = pn.Column(sizing_mode="stretch_width")
-        self.picker = GridPicker(root, self.load)
-        self.pair.param.watch(lambda e: self.draw(), "value")
-        self.layout = tab("Grids", [self.picker.select, self.pair], self.body)
-        self.picker.refresh()
-
-    def load(self, df: pd.DataFrame) -> None:
-        "A grid's table read: its task / metric pairs (the chosen one kept, else the first headline), then draw."
-        self.df = df
-        options = [f"{t} / {m}" for t, m in sorted(set(zip(df.task, df.metric)))]
-        heads = [f"{t} / {m}" for t, m in headline(df)] if len(df) else []
-        offer(self.pair, options, (heads or options or [None])[0], self.draw)
-
-    def draw(self) -> None:
-        if not self.picker.grids:
-            self.body.objects = [pn.pane.Markdown(
-                "No `grid.csv` under the runs root yet (the trainer writes one at evaluations; `matryoshka-lab demo` "
-                "writes runs/demo/grid.csv). This tab lists new ones as they are written.")]
-            return
-        if not self.pair.value:
-            self.body.objects = [pn.pane.Markdown("This grid file is empty or malformed.")]
-            return
-        task, metric = self.pair.value.split(" / ")
-        fig = plot_grid(self.df, task, metric)
-        self.body.objects = [figure_pane(fig, GRID_HEIGHT), export_row(lambda: fig, f"grid_{task}_{metric}"),
-                             pn.pane.DataFrame(grid_table(self.df, task, metric).round(2), sizing_mode="stretch_width")]
-
-# %% ../nbs/24_workbench.ipynb #20c016b
-class BudgetBrowser:
-    "The Budget tab: a GridPicker, a retrieval task, a tolerance; the quality-per-byte frontier, the cheapest cell within the tolerance and every cell that is; its picker's refresh() follows new and rewritten grids."
-    def __init__(self, root: Path):
-        self.df = pd.DataFrame(columns=COLUMNS)
-        self.task = pn.widgets.Select(label="Retrieval task", width=SIDEBAR)
-        self.tolerance = pn.widgets.FloatSlider(label="Tolerance (share of the full model's nDCG@10)", start=0.0, end=0.2,
-                                                step=0.005, value=0.01, format="0.0%", width=SIDEBAR)   # 0.015: "1.5%"
-        self.size = pn.widgets.TextInput(name="Export size, inches (w x h)", value=SIZE, width=SIDEBAR)
-        self.body = pn.Column(sizing_mode="stretch_width")
-        self.picker = GridPicker(root, self.load)
-        self.task.param.watch(lambda e: self.draw(), "value")
-        self.tolerance.param.watch(lambda e: self.draw(), "value")
-        self.layout = tab("Budget", [self.picker.select, self.task, self.tolerance, self.size], self.body)
-        self.picker.refresh()
-
-    def load(self, df: pd.DataFrame) -> None:
-        "A grid's table read: its retrieval tasks (the chosen one kept, else the first), then draw."
-        self.df = df
-        tasks = sorted(df.task[df.metric == RETRIEVAL_METRIC].unique())
-        offer(self.task, tasks, tasks[0] if tasks else None, self.draw)
-
-    def draw(self) -> None:
-        name, tol = self.task.value, self.tolerance.value
-        if not self.picker.grids:
-            self.body.objects = [pn.pane.Markdown("No `grid.csv` under the runs root yet; this tab lists new ones as "
-                                                  "they are written.")]
-            return
-        if not name:
-            self.body.objects = [pn.pane.Markdown(
-                "This grid has no retrieval task (no `ndcg_at_10` rows): `matryoshka-lab eval --tasks mrpc_paraphrase "
-                "--precisions float32,int8,binary --out runs/NAME/grid.csv` writes one.")]
-            return
-        try:
-            chart, pick = frontier_chart(self.df, name, tolerances=(tol,)), advise(self.df, name, tol).iloc[0]
-        except ValueError as err:
-            self.body.objects = [pn.pane.Markdown(f"{name}: {err}")]
-            return
-        cells = budget_cells(self.df, name)
-        within = cells[cells.ratio >= 1 - tol].sort_values(["bytes_per_vector", "score"], ascending=[True, False])
-        words = (f"**Cheapest within {tol:.1%} of the full model**: layer {pick.layer}, dim {pick.dim}, {pick.precision}: "
-                 f"{pick.bytes_per_vector} bytes a vector, nDCG@10 {pick.score:.2f} ({pick.ratio:.1%} of the full model's).")
-        self.body.objects = [pn.pane.Vega(chart.properties(width="container"), sizing_mode="stretch_width", height=FIGURE_HEIGHT,
-                                          css_classes=["ml-frontier"]),
-                             chart_exports(lambda: chart, f"budget_{name}", self.size), pn.pane.Markdown(words),
-                             pn.pane.DataFrame(within.round(3), sizing_mode="stretch_width", max_rows=30)]
 
 # %% ../nbs/24_workbench.ipynb #20c021
 def _data_names(run_dir: Path, root: Path) -> dict:

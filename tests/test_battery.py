@@ -197,7 +197,8 @@ def test_12_sigterm_to_a_two_process_train_stops_its_workers_and_frees_the_run(t
 def test_13_a_malformed_grid_or_a_huge_layer_number_blanks_no_page(tmp_path):
     "A grid.csv with a cell twice or a numeric metric column, and a record named with a 20-digit layer: every page draws."
     import json
-    from matryoshka_lab.workbench import build_app, read_grid
+    from matryoshka_lab.grid_tabs import read_grid
+    from matryoshka_lab.workbench import build_app
     run = tmp_path / "r1"
     run.mkdir()
     (run / "config.json").write_text('{"method": "mrl"}')
