@@ -123,6 +123,11 @@ class PCA(Transform):
         return {"mean": self.mean.numpy(), "components": self.components.numpy(),
                 "explained_variance": self.explained_variance.numpy()}
 
+    def linear(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        "The map at hidden state `layer` as (W [D, D], b [D]): apply gives x W^T + b (W = the components, b = -W mu)."
+        i = self._at([layer])[0]
+        return self.components[i], -self.components[i] @ self.mean[i]
+
     def apply(self, emb, layers) -> torch.Tensor:
         idx = self._at(layers)
         x = torch.as_tensor(emb, dtype=torch.float64)
@@ -137,6 +142,10 @@ class RandomRotation(Transform):
         g = torch.Generator().manual_seed(int(seed))
         q, r = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
         self.q, self.dim = q * torch.sign(torch.diagonal(r)), dim                # Haar: R's diagonal signs into Q
+
+    def linear(self, layer: int) -> tuple[torch.Tensor, None]:
+        "The map at any hidden state as (W [D, D], no bias): apply gives x W^T (W = Q^T)."
+        return self.q.T, None
 
     def apply(self, emb, layers) -> torch.Tensor:   # the same Q at any of the hidden states `layers`
         x = torch.as_tensor(emb, dtype=torch.float64)
