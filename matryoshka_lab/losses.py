@@ -22,8 +22,8 @@ from .methods import Method, register
 __all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
            'info_nce_prefixes', 'info_nce_stacked', 'info_nce_symmetric', 'cosent', 'angle', 'in_batch_negatives',
            'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE',
-           'eigh_side_by_side', 'ese_projection', 'distill', 'ESE', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod',
-           'ESEMethod']
+           'eigh_side_by_side', 'ese_projection', 'distill', 'ESE', 'one_size', 'BaseMethod', 'MRLMethod',
+           'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
@@ -532,12 +532,20 @@ class ESE:
         return LossOutput(full + (values * constant(weights, a.device, values.dtype)).sum(), parts)
 
 # %% ../nbs/07_losses.ipynb #06c033
+def one_size(dim: int | None = None):     # base's option: the one output size trained (None: the full width)
+    return dim
+
 @register
 class BaseMethod(Method):
-    "No Matryoshka: the objective on the last layer's full embedding."
-    name = "base"
+    "No Matryoshka: the objective on the last layer's full embedding, or (loss_options dim: d) on its first d features alone: a model trained for one size."
+    name, options, context = "base", staticmethod(one_size), ()
     def build(self, ctx, options):
-        return MRL(ctx.objective, dims=(ctx.hidden_size,), name="base")
+        dim = options.get("dim") or ctx.hidden_size
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= ctx.hidden_size:
+            raise ValueError(f"base's dim is the one output size trained, a whole number in 1..{ctx.hidden_size}, got {dim!r}")
+        return MRL(ctx.objective, dims=(dim,), name="base")
+    def trained_cuts(self, loss, hidden_size, num_layers):            # the one size trained: an export declares it
+        return (None if loss.dims[0] == hidden_size else loss.dims), None
 
 @register
 class MRLMethod(Method):
