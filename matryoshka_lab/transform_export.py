@@ -19,7 +19,7 @@ __all__ = ['export_transform']
 # %% ../nbs/22_transform_export.ipynb #22t005
 def export_transform(encoder, transform, path: str | Path,
                      layer: int | None = None) -> Path:   # hidden state 1..L (default: the transform's last fitted, else L)
-    "A sentence-transformers folder at `path` (refused when it exists): the encoder's first `layer` layers, its pooling and `transform` at that hidden state as a Dense module (weight W, bias b of `transform.linear(layer)`, identity activation)."
+    "A sentence-transformers folder at `path` (refused when it exists): the encoder's first `layer` layers, its pooling and `transform` at that hidden state as Dense modules (`transform.dense_stack(layer)`: a linear transform's W, b with no activation; the adaptor's two layers), after a Normalize module when the transform reads unit vectors."
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize
     path = Path(path)
@@ -29,15 +29,17 @@ def export_transform(encoder, transform, path: str | Path,
     if not 1 <= layer <= encoder.num_layers:
         raise ValueError(f"a transform is exported at a hidden state 1..{encoder.num_layers} (0 is the embedding "
                          f"layer's output, no transformer layer), got {layer}")
-    w, b = transform.linear(layer)                                  # ValueError when not fitted at that layer
+    stack = transform.dense_stack(layer)                            # ValueError when not fitted at that layer
+    acts = {"identity": torch.nn.Identity, "relu": torch.nn.ReLU}
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         base = export_model(encoder, tmp / "base", n_layers=layer if layer < encoder.num_layers else None)
         st = SentenceTransformer(str(base), device="cpu")
-        dense = Dense(w.shape[1], w.shape[0], bias=b is not None, activation_function=torch.nn.Identity(),
-                      init_weight=w.float(), init_bias=None if b is None else b.float())
-        SentenceTransformer(modules=[m for m in st if not isinstance(m, Normalize)] + [dense], device="cpu").save(str(tmp / "model"))
+        dense = [Dense(w.shape[1], w.shape[0], bias=b is not None, activation_function=acts[act](), init_weight=w.float(),
+                       init_bias=None if b is None else b.float()) for w, b, act in stack]
+        head = [Normalize()] if transform.normalizes_input else []
+        SentenceTransformer(modules=[m for m in st if not isinstance(m, Normalize)] + head + dense, device="cpu").save(str(tmp / "model"))
         os.replace(tmp / "model", path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

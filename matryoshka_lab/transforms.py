@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from pathlib import Path
 
@@ -15,16 +16,23 @@ import torch
 from .data import ClassificationData, HierarchyData, PairData, Sentences, STSData, Task, load_task
 
 # %% auto #0
-__all__ = ['TRANSFORMS', 'FITTED', 'Transform', 'fit_texts', 'PCA', 'RandomRotation', 'parse_transforms', 'fit_transform',
-           'load_transform']
+__all__ = ['TRANSFORMS', 'FITTED', 'text_hashes', 'fit_record', 'Transform', 'fit_texts', 'PCA', 'RandomRotation',
+           'parse_transforms', 'fit_transform', 'load_transform']
 
 # %% ../nbs/04_transforms.ipynb #04t005
-def _hashes(texts) -> set[str]:
+def text_hashes(texts) -> set[str]:
+    "The sha1 of each text: what a transform keeps of its fit set (to refuse scoring it), never the texts."
     return {hashlib.sha1(t.encode("utf-8")).hexdigest() for t in texts}
+
+def fit_record(texts, source: str, given: int) -> dict:
+    "What a transform says of its fit set: where from, the fingerprint of its texts' hashes, how many of `given` texts were left out (scored by the grid)."
+    return {"source": source, "fingerprint": hashlib.sha1("".join(sorted(text_hashes(texts))).encode()).hexdigest()[:16],
+            "excluded": given - len(texts)}
 
 class Transform:
     "A fitted map of an encoder's hidden states: apply(emb [L', N, D], layers) -> the same shape, its prefixes the transform's codes."
     kind = "identity"
+    normalizes_input = False   # True: the map reads unit vectors (an export puts Normalize before it)
 
     def __init__(self, layers, fitted_on: dict, hashes: set[str]):
         self.layers, self.fitted_on, self.hashes = [int(l) for l in layers], dict(fitted_on), set(hashes)
@@ -39,7 +47,7 @@ class Transform:
 
     def check_disjoint(self, texts) -> None:
         "Refuse (ValueError) texts the transform was fitted on: a reference fitted on what it is scored on leaks."
-        shared = len(_hashes(texts) & self.hashes)
+        shared = len(text_hashes(texts) & self.hashes)
         if shared:
             raise ValueError(f"the {self.kind} transform was fitted on {shared:,} of the {len(set(texts)):,} texts this "
                              f"evaluation scores ({self.fitted_on.get('source', '?')}): fit it on another split or file")
@@ -52,6 +60,15 @@ class Transform:
         at = [int(layers[i]) for i in keep]
         return [(at, self.apply(emb[keep], at), dims, dims)]
 
+    def linear(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        "The map at hidden state `layer` as (W, b): apply gives x W^T + b (a linear transform's)."
+        raise NotImplementedError(f"the {self.kind} transform is no linear map")
+
+    def dense_stack(self, layer: int) -> list[tuple]:
+        "The map at hidden state `layer` as dense layers [(W, b or None, activation)], what an export writes: a linear transform's one layer."
+        w, b = self.linear(layer)
+        return [(w, b, "identity")]
+
     def describe(self) -> dict:
         "What it is and what it was fitted on, for a grid's meta.json."
         return {"transform": self.kind, "layers": self.layers, **self.fitted_on}
@@ -61,12 +78,18 @@ class Transform:
         return {}
 
     def save(self, folder) -> Path:
-        "transform.json (describe() and dim) and transform.npz (arrays() and the fit texts' hashes) in folder; load_transform reads them."
+        "transform.json (describe(), dim and the class, 'module:Name') and transform.npz (arrays() and the fit texts' hashes) in folder; load_transform reads them."
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         np.savez(folder / "transform.npz", hashes=np.array(sorted(self.hashes), dtype=str), **self.arrays())
-        (folder / "transform.json").write_text(json.dumps({**self.describe(), "dim": self.dim}, indent=1) + "\n")
+        meta = {**self.describe(), "dim": self.dim, "class": f"{type(self).__module__}:{type(self).__qualname__}"}
+        (folder / "transform.json").write_text(json.dumps(meta, indent=1) + "\n")
         return folder
+
+    @classmethod
+    def from_saved(cls, meta: dict, arrays: dict) -> Transform:
+        "The transform save() wrote (its transform.json as meta, its transform.npz as arrays)."
+        raise NotImplementedError(f"{cls.__name__} cannot be read back")
 
 # %% ../nbs/04_transforms.ipynb #04t007
 def _split_texts(split) -> list[str]:
@@ -113,11 +136,16 @@ class PCA(Transform):
         _, s, vt = torch.linalg.svd(x - mean[:, None], full_matrices=False)          # x - mu = U S V^T
         big = vt.abs().argmax(-1, keepdim=True)                                      # sklearn's signs: the largest
         vt = vt * torch.gather(vt, -1, big).sign()                                   # |entry| of each row positive
-        return cls(mean, vt, s.square() / (n - 1), layers, {**(fitted_on or {}), "n_fit": n}, _hashes(texts))
+        return cls(mean, vt, s.square() / (n - 1), layers, {**(fitted_on or {}), "n_fit": n}, text_hashes(texts))
 
     @property
     def dim(self) -> int:
         return int(self.mean.shape[-1])
+
+    @classmethod
+    def from_saved(cls, meta: dict, arrays: dict) -> PCA:
+        return cls(arrays["mean"], arrays["components"], arrays["explained_variance"], meta["layers"],
+                   _fitted_on(meta), set(arrays["hashes"].tolist()))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"mean": self.mean.numpy(), "components": self.components.numpy(),
@@ -142,6 +170,10 @@ class RandomRotation(Transform):
         g = torch.Generator().manual_seed(int(seed))
         q, r = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
         self.q, self.dim = q * torch.sign(torch.diagonal(r)), dim                # Haar: R's diagonal signs into Q
+
+    @classmethod
+    def from_saved(cls, meta: dict, arrays: dict) -> RandomRotation:
+        return cls(meta["dim"], meta["seed"], meta["layers"])
 
     def linear(self, layer: int) -> tuple[torch.Tensor, None]:
         "The map at any hidden state as (W [D, D], no bias): apply gives x W^T (W = Q^T)."
@@ -191,19 +223,22 @@ def fit_transform(kind: str, encoder, texts=(), layers="all", source: str = "", 
         raise ValueError(f"PCA of {encoder.hidden_size} dims needs at least {encoder.hidden_size} distinct fit texts, "
                          f"got {len(texts)}{f' ({source})' if source else ''}")
     emb = encoder.encode(texts, batch_size=batch_size, layers=layer_ids, progress=progress, desc="fit pca")
-    fingerprint = hashlib.sha1("".join(sorted(_hashes(texts))).encode()).hexdigest()[:16]
-    return PCA.fit(emb, layer_ids, {"source": source, "fingerprint": fingerprint, "excluded": len(given) - len(texts)}, texts)
+    return PCA.fit(emb, layer_ids, fit_record(texts, source, len(given)), texts)
+
+def _fitted_on(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if k not in ("transform", "layers", "dim", "class")}
 
 def load_transform(folder) -> Transform:
-    "The transform `save` wrote into folder."
+    "The transform `save` wrote into folder (its class imported from the name saved with it)."
     folder = Path(folder)
     try:
         meta = json.loads((folder / "transform.json").read_text())
-        arrays = np.load(folder / "transform.npz", allow_pickle=False)
-    except (OSError, ValueError) as err:
+        arrays = dict(np.load(folder / "transform.npz", allow_pickle=False))
+        module, _, name = meta.get("class", f"{__name__}:{'RandomRotation' if meta['transform'] == 'random' else 'PCA'}").partition(":")
+        cls = getattr(importlib.import_module(module), name)
+    except (OSError, ValueError, KeyError, ImportError, AttributeError) as err:
         raise ValueError(f"{folder} holds no saved transform ({type(err).__name__}: {err})") from None
-    fitted_on = {k: v for k, v in meta.items() if k not in ("transform", "layers", "dim")}
-    if meta["transform"] == "random":
-        return RandomRotation(meta["dim"], fitted_on["seed"], meta["layers"])
-    return PCA(arrays["mean"], arrays["components"], arrays["explained_variance"], meta["layers"], fitted_on,
-               set(arrays["hashes"].tolist()))
+    if not (isinstance(cls, type) and issubclass(cls, Transform)):
+        raise ValueError(f"{folder} names {meta['class']!r}, which is no transform")
+    return cls.from_saved(meta, arrays)
+
