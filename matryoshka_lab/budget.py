@@ -9,17 +9,23 @@ import numpy as np
 import pandas as pd
 
 # %% auto #0
-__all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'NO_TRANSFORM', 'bytes_per_vector', 'transform_parts', 'budget_cells',
-           'pareto', 'advise']
+__all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'SPARSE_TRANSFORMS', 'NO_TRANSFORM', 'bytes_per_vector', 'transform_parts',
+           'budget_cells', 'pareto', 'advise']
 
 # %% ../nbs/03_budget.ipynb #03a005
 RETRIEVAL_PRECISIONS = ("float32", "int8", "binary")
 RETRIEVAL_METRIC = "ndcg_at_10"          # a retrieval task's main score (MTEB's)
 
-def bytes_per_vector(dim: int, precision: str) -> int:
-    "Bytes one stored vector of `dim` features takes at `precision` (float32: 4 a feature; int8: 1; binary: 1 bit, whole bytes)."
+SPARSE_TRANSFORMS = ("csr",)            # transforms whose 'dim' is a code's active units, stored as (index, value) pairs
+
+def bytes_per_vector(dim: int, precision: str, sparse: bool = False) -> int:
+    "Bytes one stored vector of `dim` features takes at `precision` (float32: 4 a feature; int8: 1; binary: 1 bit, whole bytes); sparse: a code of `dim` active units, a 4-byte index and a 4-byte float each (float32 only)."
     if precision not in RETRIEVAL_PRECISIONS:
         raise ValueError(f"precision must be one of {RETRIEVAL_PRECISIONS}, got {precision!r}")
+    if sparse:
+        if precision != "float32":
+            raise ValueError(f"a sparse code is stored as float32 (index, value) pairs, not at {precision!r}")
+        return 8 * dim
     return {"float32": 4 * dim, "int8": dim, "binary": -(-dim // 8)}[precision]
 
 # %% ../nbs/03_budget.ipynb #03a014
@@ -55,7 +61,8 @@ def budget_cells(grid: pd.DataFrame, task: str, metric: str | None = None, laten
     if full.empty:
         raise ValueError(f"task {task!r} has no float32 cell at the last layer and full width: no reference to compare with")
     cells["ratio"] = cells.score / float(full.score.iloc[0])
-    cells["bytes_per_vector"] = [bytes_per_vector(int(d), p.removesuffix("+rescore")) for d, p in zip(cells.dim, cells.precision)]
+    sparse = cells["transform"].isin(SPARSE_TRANSFORMS) if whose else pd.Series(False, index=cells.index)
+    cells["bytes_per_vector"] = [bytes_per_vector(int(d), p.removesuffix("+rescore"), s) for d, p, s in zip(cells.dim, cells.precision, sparse)]
     if latency is not None:
         encode = dict(zip(latency["encode"]["layer"], latency["encode"]["encode_us"]))
         search = {(d, p): s for d, p, s in zip(latency["search"]["dim"], latency["search"]["precision"], latency["search"]["search_us"])}
