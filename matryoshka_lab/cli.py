@@ -126,12 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--precisions", default="float32",
                    help="retrieval tasks: the stored index precisions, of float32,int8,binary,int8+rescore,binary+rescore")
     e.add_argument("--plot", action="store_true", help="also write OUT.html and OUT.png heatmaps (OUT_KIND.* for each --transform)")
-    e.add_argument("--transform", default=None, metavar="pca,random",
-                   help="also score training-free references of the model, from the same forward pass: pca (fitted on "
-                   "--fit), random (a seeded rotation); the grid's `transform` column tells them from the model (none)")
-    e.add_argument("--fit", default=None, metavar="TASK", help="pca's fit set: a task or a file of your own, its train split "
-                   "(less the texts the grid scores)")
-    e.add_argument("--seed", type=int, default=0, help="the random rotation's seed (default 0)")
+    e.add_argument("--transform", default=None, metavar="pca,random,...",
+                   help="also score the field's references from the same forward pass: pca, random (a seeded rotation), "
+                   "adaptor, adaptor_sup (Matryoshka-Adaptor), csr (sparse codes); the grid's `transform` column tells "
+                   "them from the model's own cells (none)")
+    e.add_argument("--fit", default=None, metavar="TASK", help="the references' fit set: a task or a file of your own, its "
+                   "train split (less the texts the grid scores)")
+    e.add_argument("--seed", type=int, default=0, help="the references' seed (default 0)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     t = sub.add_parser("train", help="train from a YAML config (configs/*.yaml); resumes a run directory's checkpoint")
     t.add_argument("config", help="YAML file with TrainConfig fields")
@@ -294,18 +295,15 @@ def _evaluate_to(args, out: Path) -> None:
     loaded = [load_task(t, args.data_dir, args.columns) for t in tasks]     # every task read (and checked) before the model
     check_task_names(loaded)
     _data_notes(args, tasks)
-    from matryoshka_lab.transforms import fit_texts, fit_transform, parse_transforms
-    kinds = parse_transforms(args.transform, args.fit)          # the transforms and their fit set checked before the model
-    texts, source = fit_texts(args.fit, args.data_dir, args.columns) if args.fit else ([], "")
-    enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
     from matryoshka_lab.eval import task_texts
+    from matryoshka_lab.references import fit_reference, fit_set, model_width, parse_references
+    kinds = parse_references(args.transform, args.fit)
     scored = [s for t in loaded for s in task_texts(t)]
-    fitted = [fit_transform(k, enc, texts if k == "pca" else (), args.layers, source, args.seed, batch_size=args.batch_size,
-                            exclude=scored, progress=not args.no_progress) for k in kinds]
-    for t in fitted:
-        if t.fitted_on.get("excluded"):
-            print(f"note: {t.fitted_on['excluded']:,} texts of {source} are among those the grid scores: left out of the "
-                  f"{t.kind} fit", file=sys.stderr)
+    fit = fit_set(kinds, args.fit, args.data_dir, args.columns, scored, model_width(args.model))   # checked before the model
+    if fit is not None and fit.excluded:
+        print(f"note: {fit.excluded:,} texts of {fit.source} are among those the grid scores: left out of the fit", file=sys.stderr)
+    enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
+    fitted = [fit_reference(k, enc, fit, args.layers, args.seed, args.batch_size, not args.no_progress) for k in kinds]
     df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions,
                   notes=True, transform=[None, *fitted] if fitted else None)   # (notes: texts longer than the model reads)

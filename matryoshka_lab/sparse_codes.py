@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from .transforms import Transform, fit_record, text_hashes
 
 # %% auto #0
-__all__ = ['CSR', 'check_csr', 'fit_csr', 'fit_csr_transform']
+__all__ = ['K_AUX', 'CSR', 'check_csr', 'fit_csr', 'fit_csr_transform']
 
 # %% ../nbs/05_sparse_codes.ipynb #05s005
 class CSR(Transform):
@@ -62,15 +62,18 @@ class CSR(Transform):
         return cls(sae, meta["layers"][0], {k: v for k, v in meta.items() if k not in kept}, set(arrays["hashes"].tolist()))
 
 # %% ../nbs/05_sparse_codes.ipynb #05s006
-def check_csr(dim: int, k: int = 32, expansion: int = 4, k_aux: int = 512) -> int:
-    "The hidden size of a CSR over `dim` features (expansion x dim), after refusing a k it cannot train with (its 4k and k_aux top-k need that many units)."
+K_AUX = 512   # CSRLoss's auxiliary top-k over dead units (at most the hidden size)
+
+def check_csr(dim: int, k: int = 32, expansion: int = 4, k_aux: int | None = None) -> int:
+    "The hidden size of a CSR over `dim` features (expansion x dim), after refusing a k it cannot train with (its 4k and k_aux top-k need that many units; k_aux default: K_AUX or the hidden size)."
     hidden = expansion * dim
+    k_aux = min(K_AUX, hidden) if k_aux is None else k_aux
     if not 1 <= k or 4 * k > hidden or k_aux > hidden:
         raise ValueError(f"a CSR of {hidden} units ({expansion} x {dim}) trains k in 1..{hidden // 4} (its 4k term) "
                          f"with k_aux <= {hidden}; got k = {k}, k_aux = {k_aux}")
     return hidden
 
-def fit_csr(emb, k: int = 32, expansion: int = 4, k_aux: int = 512, beta: float = 0.1, steps: int = 2000,
+def fit_csr(emb, k: int = 32, expansion: int = 4, k_aux: int | None = None, beta: float = 0.1, steps: int = 2000,
             batch_size: int = 256, lr: float = 1e-3, seed: int = 0, progress: bool = False):
     "sentence-transformers' SparseAutoEncoder (hidden expansion x D, top-k k) trained on the unit vectors of emb [N, D] with CSRLoss's reconstruction terms; its last step's terms."
     from sentence_transformers.sparse_encoder.losses import CSRLoss
@@ -80,6 +83,7 @@ def fit_csr(emb, k: int = 32, expansion: int = 4, k_aux: int = 512, beta: float 
     if x.ndim != 2 or len(x) < 2:
         raise ValueError(f"need emb [N >= 2, D], got shape {tuple(x.shape)}")
     hidden = check_csr(x.shape[1], k, expansion, k_aux)
+    k_aux = min(K_AUX, hidden) if k_aux is None else k_aux
     torch.manual_seed(seed)
     sae = SparseAutoEncoder(input_dim=x.shape[1], hidden_dim=hidden, k=k, k_aux=k_aux)
     loss = CSRLoss(model=sae, beta=beta).reconstruction_loss
@@ -100,7 +104,7 @@ def fit_csr_transform(encoder, texts, layer: int, source: str = "", exclude=(), 
     "A CSR fitted at hidden state `layer` on the encoder's embeddings of `texts` less `exclude` (the texts the grid scores); fit: fit_csr's options."
     from matryoshka_lab.core import parse_layers
     (layer,) = parse_layers([layer], encoder.num_layers)
-    check_csr(encoder.hidden_size, fit.get("k", 32), fit.get("expansion", 4), fit.get("k_aux", 512))   # before the encoding
+    check_csr(encoder.hidden_size, fit.get("k", 32), fit.get("expansion", 4), fit.get("k_aux"))   # before the encoding
     scored, given = set(exclude), list(dict.fromkeys(texts))
     texts = [t for t in given if t not in scored]
     emb = encoder.encode(texts, batch_size=batch_size, layers=[layer], progress=progress, desc="fit csr")[0]

@@ -16,8 +16,8 @@ import torch
 from .data import ClassificationData, HierarchyData, PairData, Sentences, STSData, Task, load_task
 
 # %% auto #0
-__all__ = ['TRANSFORMS', 'FITTED', 'text_hashes', 'fit_record', 'Transform', 'fit_texts', 'PCA', 'RandomRotation',
-           'parse_transforms', 'fit_transform', 'load_transform']
+__all__ = ['TRANSFORMS', 'text_hashes', 'fit_record', 'Transform', 'fit_texts', 'PCA', 'RandomRotation', 'fit_transform',
+           'load_transform']
 
 # %% ../nbs/04_transforms.ipynb #04t005
 def text_hashes(texts) -> set[str]:
@@ -187,24 +187,6 @@ class RandomRotation(Transform):
 
 # %% ../nbs/04_transforms.ipynb #04t015
 TRANSFORMS = ("pca", "random")
-FITTED = ("pca",)   # the transforms fitted on texts
-
-def parse_transforms(spec, fit=None) -> list[str]:
-    "The kinds of a transform list ('pca,random'), each known and given once, a fit set given exactly when one of them is fitted on texts: checked before any model loads."
-    kinds = [k.strip() for k in (spec or "").split(",") if k.strip()]
-    bad = [k for k in kinds if k not in TRANSFORMS]
-    if bad:
-        raise ValueError(f"unknown transform {bad[0]!r}: one of {', '.join(TRANSFORMS)}")
-    if len(set(kinds)) < len(kinds):
-        raise ValueError(f"{spec!r} names a transform twice")
-    fitted = [k for k in kinds if k in FITTED]
-    if fitted and not fit:
-        raise ValueError(f"--transform {fitted[0]} needs --fit TASK (the texts it is fitted on)")
-    if fit and not fitted:
-        raise ValueError(f"--transform {','.join(kinds)} is fitted on nothing: drop --fit" if kinds else
-                         f"--fit is the fit set of a --transform: give --transform {FITTED[0]} too")
-    return kinds
-
 def fit_transform(kind: str, encoder, texts=(), layers="all", source: str = "", seed: int = 0,
                   exclude=(),                 # texts the evaluation will score: never fitted on
                   batch_size: int = 64, progress: bool = False) -> Transform:

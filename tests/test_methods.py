@@ -47,7 +47,7 @@ def test_import_graph_has_no_cycle():
 LAYERS = {   # the README's picture, bottom up: a module imports only modules of its own layer or of those below
     "base": ("core", "methods", "encoder", "data", "runs"),
     "losses": ("losses",),
-    "measuring": ("budget", "eval", "transforms", "adaptor", "sparse_codes", "diagnostics", "stats", "plots", "figures"),
+    "measuring": ("budget", "eval", "transforms", "adaptor", "sparse_codes", "references", "diagnostics", "stats", "plots", "figures"),
     "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "provenance", "trainer", "launch",
                  "gradients"),
     "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
