@@ -113,6 +113,11 @@ def fit_adaptor(emb, dims, pairs=None,         # (queries [P, D], their document
     if x.ndim != 2 or not dims or dims[0] < 1 or dims[-1] > x.shape[1]:
         raise ValueError(f"need emb [N, D] and prefix dims in 1..D, got shape {tuple(x.shape)} and dims {dims}")
     x = F.normalize(x, dim=-1)                                       # the adaptor reads unit vectors
+    if pairs is not None:                                            # checked before any step
+        q, c = (F.normalize(torch.as_tensor(p, dtype=torch.float32), dim=-1) for p in pairs)
+        if q.shape != c.shape or q.ndim != 2 or q.shape[1] != x.shape[1] or len(q) < 4:
+            raise ValueError(f"pairs must be two [P, {x.shape[1]}] tensors of P >= 4 queries and their documents, "
+                             f"got {tuple(q.shape)} and {tuple(c.shape)}")
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)                                          # the MLP's initial weights
     order = torch.randperm(len(x), generator=gen)
@@ -128,10 +133,6 @@ def fit_adaptor(emb, dims, pairs=None,         # (queries [P, D], their document
     report = {"unsupervised": _stage(net, unsup, len(sets["train"]), n_val, steps, batch_size, lr, patience,
                                      eval_every, gen, bar)}
     if pairs is not None:
-        q, c = (F.normalize(torch.as_tensor(p, dtype=torch.float32), dim=-1) for p in pairs)
-        if q.shape != c.shape or q.ndim != 2 or q.shape[1] != x.shape[1] or len(q) < 4:
-            raise ValueError(f"pairs must be two [P, {x.shape[1]}] tensors of P >= 4 queries and their documents, "
-                             f"got {tuple(q.shape)} and {tuple(c.shape)}")
         p_order = torch.randperm(len(q), generator=gen)
         p_val = max(int(round(val_frac * len(q))), 2)
         qc = {"val": (q[p_order[:p_val]], c[p_order[:p_val]]), "train": (q[p_order[p_val:]], c[p_order[p_val:]])}

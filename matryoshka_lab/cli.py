@@ -296,14 +296,15 @@ def _evaluate_to(args, out: Path) -> None:
     check_task_names(loaded)
     _data_notes(args, tasks)
     from matryoshka_lab.eval import task_texts
-    from matryoshka_lab.references import fit_reference, fit_set, model_width, parse_references
+    from matryoshka_lab.references import SharedEncoding, fit_reference, fit_set, model_width, parse_references
     kinds = parse_references(args.transform, args.fit)
     scored = [s for t in loaded for s in task_texts(t)]
     fit = fit_set(kinds, args.fit, args.data_dir, args.columns, scored, model_width(args.model))   # checked before the model
     if fit is not None and fit.excluded:
         print(f"note: {fit.excluded:,} texts of {fit.source} are among those the grid scores: left out of the fit", file=sys.stderr)
     enc = Encoder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length, precision=args.precision)
-    fitted = [fit_reference(k, enc, fit, args.layers, args.seed, args.batch_size, not args.no_progress) for k in kinds]
+    shared = SharedEncoding(enc)                                # the fit set encoded once for all of them
+    fitted = [fit_reference(k, shared, fit, args.layers, args.seed, args.batch_size, not args.no_progress, args.dims) for k in kinds]
     df = evaluate(enc, loaded, layers=args.layers, dims=args.dims, data_dir=args.data_dir, batch_size=args.batch_size,
                   protocol=args.protocol, progress=not args.no_progress, precisions=args.precisions,
                   notes=True, transform=[None, *fitted] if fitted else None)   # (notes: texts longer than the model reads)

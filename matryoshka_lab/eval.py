@@ -413,7 +413,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     views = [(label, *v) for label, t in refs                 # (whose, layers, embeddings, dims scored, dims recorded)
              for v in ([(layer_ids, emb, dims, dims)] if t is None else t.views(emb, layer_ids, dims))]
     views = views or [(None, layer_ids, emb, dims, dims)]
-    stored = {label: [p for p in precisions if getattr(t, "precisions", None) is None or p in t.precisions]
+    stored = {label: [p for p in precisions if t is None or t.precisions is None or p in t.precisions]
               for label, t in refs}                           # a transform's codes at the precisions it has (CSR: float32)
     t_encode = time.perf_counter() - t0
     n_cells = sum(scored_cells(t, len(v[1]) * len(v[3]), stored.get(v[0], precisions)) for v in views for t in loaded)

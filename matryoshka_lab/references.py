@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .adaptor import fit_adaptor_transform, fit_pairs
 from .core import parse_layers
 from .data import Task, load_task
@@ -16,12 +18,11 @@ from .sparse_codes import check_csr, fit_csr_transform
 from .transforms import RandomRotation, fit_texts, fit_transform
 
 # %% auto #0
-__all__ = ['REFERENCES', 'FITTED', 'ONE_LAYER', 'parse_references', 'FitSet', 'model_width', 'fit_set', 'fit_reference']
+__all__ = ['REFERENCES', 'FITTED', 'parse_references', 'FitSet', 'model_width', 'fit_set', 'SharedEncoding', 'fit_reference']
 
 # %% ../nbs/06_references.ipynb #06r005
 REFERENCES = ("pca", "random", "adaptor", "adaptor_sup", "csr")
 FITTED = ("pca", "adaptor", "adaptor_sup", "csr")   # fitted on texts: they need a fit set
-ONE_LAYER = ("adaptor", "adaptor_sup", "csr")       # fitted at one hidden state: the last of the grid's
 
 def parse_references(spec, fit=None) -> list[str]:
     "The kinds of a reference list ('pca,random'), each known and given once, a fit set named exactly when one of them is fitted on texts."
@@ -90,9 +91,25 @@ def fit_set(kinds, task, data_dir=None, columns: dict | None = None, exclude=(),
         pairs = ([q for q, _ in kept], [d for _, d in kept])
     return FitSet(given, source, frozenset(scored), pairs)
 
+class SharedEncoding:
+    "An encoder whose encode() keeps each (text, hidden state) it gave, so that the references fitted on one fit set encode it once; every other attribute is the encoder's."
+    def __init__(self, encoder):
+        self.encoder, self.kept = encoder, {}
+
+    def __getattr__(self, name):
+        return getattr(self.encoder, name)
+
+    def encode(self, texts, layers="all", **kwargs):
+        ids = parse_layers(layers, self.encoder.num_layers)
+        todo = [t for t in dict.fromkeys(texts) if any((t, l) not in self.kept for l in ids)]
+        if todo:
+            emb = self.encoder.encode(todo, layers=ids, **kwargs)
+            self.kept.update({(t, l): emb[j, i] for i, t in enumerate(todo) for j, l in enumerate(ids)})
+        return torch.stack([torch.stack([self.kept[(t, l)] for t in texts]) for l in ids])
+
 def fit_reference(kind: str, encoder, fit: FitSet | None, layers="all", seed: int = 0, batch_size: int = 64,
                   progress: bool = False, dims=None):
-    "The `kind` reference of `encoder`, fitted on `fit` (fit_set's; None for random): PCA and random at every hidden state of `layers`, the rest at the last of them; `dims` the adaptor's prefix sizes (default the grid's)."
+    "The `kind` reference of `encoder`, fitted on `fit` (fit_set's; None for random): PCA and random at every hidden state of `layers`, the rest at the last of them; `dims` the adaptor's prefix sizes (give the grid's; default: powers of two and D)."
     layer_ids = parse_layers(layers, encoder.num_layers)
     if kind == "random":
         return RandomRotation(encoder.hidden_size, seed, layer_ids)

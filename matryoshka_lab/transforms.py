@@ -33,6 +33,7 @@ class Transform:
     "A fitted map of an encoder's hidden states: apply(emb [L', N, D], layers) -> the same shape, its prefixes the transform's codes."
     kind = "identity"
     normalizes_input = False   # True: the map reads unit vectors (an export puts Normalize before it)
+    precisions = None          # the stored precisions its codes have (None: every one the grid scores)
 
     def __init__(self, layers, fitted_on: dict, hashes: set[str]):
         self.layers, self.fitted_on, self.hashes = [int(l) for l in layers], dict(fitted_on), set(hashes)

@@ -123,6 +123,39 @@ def test_deploy_section_runs_as_written(data_dir, tmp_path, monkeypatch):
     assert kept >= 0.99, kept
 
 
+def test_references_section_runs_as_written(data_dir, tmp_path, monkeypatch):
+    "The README's references section as written, in a fresh folder with a copy of examples/ (the fit set, STS-B train, from $MATRYOSHKA_LAB_DATA): the grid holds each reference's cells beside the model's, the Budget tab draws them, the exported PCA gives the PCA-64 prefix."
+    import shutil
+    import subprocess
+    import pandas as pd
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from matryoshka_lab.encoder import Encoder
+    from matryoshka_lab.grid_tabs import BudgetBrowser
+    from matryoshka_lab.transforms import load_transform
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Is the training worth it?", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", section, re.S)
+    assert [lang for lang, _ in blocks] == ["bash", "python"], blocks
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.setenv("MATRYOSHKA_LAB_DATA", str(data_dir))
+    monkeypatch.chdir(tmp_path)
+    res = subprocess.run(blocks[0][1].replace("\\\n", " ") + " --no-progress", shell=True, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    exec(compile(blocks[1][1], "README.md", "exec"), {})
+    grid = pd.read_csv(tmp_path / "runs" / "refs" / "grid.csv")
+    assert list(grid["transform"].unique()) == ["none", "pca", "random", "adaptor", "csr"]
+    assert set(grid.task) == {"faq_pairs", "sts"} and set(grid.layer) == {6}
+    budget = BudgetBrowser(tmp_path / "runs")                         # the Budget tab: every transform beside the model
+    assert budget.task.value == "faq_pairs"
+    spec = budget.body.objects[0].object.to_dict()
+    assert spec["layer"][0]["encoding"]["shape"]["scale"]["domain"] == ["none", "pca", "random", "adaptor", "csr"]
+    texts = ["How do I reset my password?", "The office opens at nine."]
+    pca = load_transform(tmp_path / "runs" / "refs" / "grid.transforms" / "pca")
+    ours = pca.apply(Encoder.from_pretrained("embedded").encode(texts, layers=[6], progress=False), [6])[0, :, :64]
+    theirs = SentenceTransformer(str(tmp_path / "runs" / "refs" / "pca_model"), truncate_dim=64, device="cpu").encode(texts, convert_to_tensor=True)
+    assert torch.allclose(theirs, ours, atol=1e-5), (theirs - ours).abs().max()
+
+
 if __name__ == "__main__":
     from matryoshka_lab.studies.report import write_figures
     print(f"regenerated the tables of {refresh_index_tables()} cells of nbs/index.ipynb")

@@ -40,6 +40,7 @@ MIPIC_ABLATIONS = {"no_sia": {"use_sia": False}, "no_pic": {"use_pic": False},  
                    "cls_anchor": {"anchor": "cls"}}   # Eq. 4's [CLS] anchor instead of the model's own pooling
 VARIANTS = {   # name -> what it trains with; the papers' ablations are variants of their method
     "untrained": {"method": "base"}, "base": {"method": "base"}, "mrl": {"method": "mrl"},
+    **{f"base_d{d}": {"method": "base", "loss_options": {"dim": d}} for d in (16, 64)},   # trained for one size (issue 68)
     "2dmse": {"method": "2dmse", "loss_options": {"alignment": "features"}},          # Eq. 6 as the authors' code (07_losses)
     "2dmse_similarity": {"method": "2dmse", "loss_options": {"alignment": "similarity"}},   # Eq. 6 read as in-batch similarity distributions
     "ese": {"method": "ese", "loss_options": {"kl_temperature": 1.0, "compression_size": 128}},

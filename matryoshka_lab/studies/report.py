@@ -23,8 +23,9 @@ from ..budget import RETRIEVAL_PRECISIONS, advise, bytes_per_vector
 from ..figures import Colours, difference_chart, fractal_rows, frontier_chart, render, spectra_chart, steerability_chart
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
+from ..references import REFERENCES
 from ..runs import write_json
-from .baselines import STS_TEST, delta_table, paired_table, read_results, seed_stats, task_metric
+from .baselines import STS_TEST, delta_table, paired_table, paired_test, read_results, seed_stats, task_metric
 from .distill import DISTILL_ARMS, distill_summary, distill_tests, transfer_frame
 from .fractal_paper import PAPER_POOLED, PAPER_ROUTING, PAPER_S, PAPER_T3, PAPER_T5_FIT, PAPER_TABLE9
 from .fractal_paper import capacity_table, fmt, table5
@@ -32,16 +33,17 @@ from .fractal_paper import capacity_table, fmt, table5
 # %% auto #0
 __all__ = ['LABELS', 'SHARE_VARIANTS', 'STEP_TIME_GOALS', 'GPU_STEP_GOALS', 'GPU_STEP_SETUPS', 'RETRIEVAL_ROWS', 'ENCODE_GOALS',
            'FRACTAL_CONDITIONS', 'FRACTAL_ROWS', 'FRACTAL_TOGGLES', 'FRACTAL_DATASETS', 'FRACTAL_EVALUATIONS',
-           'GRAD_CACHE_SETUPS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table', 'vs_mrl_table',
-           'backbones_table', 'share_table', 'step_time_table', 'gpu_step_table', 'retrieval_table', 'funnel_table',
-           'funnel_shortlist_table', 'query_latency_table', 'budget_table', 'funnel_figure', 'budget_figure',
-           'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table', 'eval_grid_table',
-           'faiss_table', 'distill_table', 'distill_transfer_table', 'distill_tests_table', 'backbone_cost_table',
-           'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table', 'fractal_toggles_table',
-           'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table', 'fractal_runs_table',
-           'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table', 'routing_table',
-           'hard_negatives_table', 'grad_cache_table', 'render_table', 'fill_tables', 'vs_mrl_figure',
-           'steerability_figure', 'step_time_figure', 'spectra_figure', 'drawn_by', 'write_figures']
+           'GRAD_CACHE_SETUPS', 'REFERENCE_METHODS', 'TABLES', 'MARKER', 'FIGURES', 'md_table', 'grid_table',
+           'vs_mrl_table', 'backbones_table', 'share_table', 'step_time_table', 'gpu_step_table', 'retrieval_table',
+           'funnel_table', 'funnel_shortlist_table', 'query_latency_table', 'budget_table', 'funnel_figure',
+           'budget_figure', 'demo_table', 'encode_table', 'mteb_table', 'mteb_check_table', 'precision_grid_table',
+           'eval_grid_table', 'faiss_table', 'distill_table', 'distill_transfer_table', 'distill_tests_table',
+           'backbone_cost_table', 'watch_table', 'dashboard_table', 'fractal_workers_table', 'fractal_table',
+           'fractal_toggles_table', 'fractal_datasets_table', 'fractal_pooled_table', 'fractal_tests_table',
+           'fractal_runs_table', 'fractal_synthetic_table', 'fractal_capacity_table', 'fractal_loo_table',
+           'routing_table', 'hard_negatives_table', 'grad_cache_table', 'references_table', 'vs_references_table',
+           'render_table', 'fill_tables', 'vs_mrl_figure', 'steerability_figure', 'step_time_figure', 'spectra_figure',
+           'drawn_by', 'write_figures']
 
 # %% ../../nbs/studies/06_report.ipynb #21c006
 def md_table(df: pd.DataFrame) -> str:
@@ -860,6 +862,56 @@ def grad_cache_table(results="results", file: str = "grad_cache_cpu.json") -> st
              f"up to {r['max_length']} tokens a text")
     return md_table(pd.DataFrame(rows).T.rename_axis(label))
 
+# %% ../../nbs/studies/06_report.ipynb #21c015r
+REFERENCE_METHODS = tuple(f"untrained+{k}" for k in REFERENCES)   # results/references/SETTING's rows
+LABELS.update({"base_d16": "base, trained for d = 16 alone", "base_d64": "base, trained for d = 64 alone",
+               "untrained+pca": "untrained + PCA", "untrained+random": "untrained + random rotation",
+               "untrained+adaptor": "untrained + Matryoshka-Adaptor", "untrained+adaptor_sup": "untrained + Matryoshka-Adaptor, supervised",
+               "untrained+csr": "untrained + CSR (the prefix's bytes)"})
+
+def _with_references(results, setting: str) -> pd.DataFrame:
+    "results/baselines/SETTING's rows and results/references/SETTING's, a CSR code of k active units placed at the prefix size of its bytes (8 k = 4 d: d = 2 k)."
+    path = Path(results) / "references" / setting / "summary.csv"
+    if not path.is_file():
+        raise ValueError(f"no result file {str(path)!r}: run `python experiments/references.py --setting {setting}`")
+    refs = pd.read_csv(path)
+    csr = refs.method == "untrained+csr"
+    refs.loc[csr, "dim"] = 2 * refs.loc[csr, "dim"]
+    return pd.concat([_baselines(results, setting)[0], refs], ignore_index=True)
+
+def references_table(results="results", setting: str = "angle", dims="16,64,384", methods="mrl,2dmse,base,base_d16,base_d64",
+                     tasks: str = "sts") -> str:
+    "Mean ± std over seeds of the tasks' mean score x100 at the last layer and each prefix size: the methods, the untrained model and each reference fitted on it (CSR at the prefix's bytes), from results/baselines and results/references."
+    summary = _with_references(results, setting)
+    chosen = _tasks(tasks, summary)
+    stats = seed_stats(summary, chosen, _one_metric(chosen)).set_index(["method", "layer", "dim"])
+    layer, rows = int(summary.layer.max()), {}
+    for m in [*_methods(methods, list(dict.fromkeys(summary.method))), "untrained", *REFERENCE_METHODS]:
+        row = {}
+        for d in (int(x) for x in str(dims).split(",")):
+            s = stats.loc[(m, layer, d)] if (m, layer, d) in stats.index else None
+            row[f"d{d}"] = "—" if s is None else f"{s['mean']:.2f}" if s["std"] == 0 else f"{s['mean']:.2f} ± {s['std']:.2f}"
+        rows[LABELS.get(m, m)] = row
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"layer {layer}"))
+
+def vs_references_table(results="results", setting: str = "angle", dims="16,64", methods="mrl,2dmse", tasks: str = "sts") -> str:
+    "Each method minus each reference at the last layer and prefix size d over the matched (seed, task) pairs: 'mean (won/pairs, p)', p the Wilcoxon p Holm-adjusted over every test of the table (a model trained for one size only at its size)."
+    summary, dims = _with_references(results, setting), [int(x) for x in str(dims).split(",")]
+    chosen, tests = _tasks(tasks, summary), {}
+    refs = ["untrained", *REFERENCE_METHODS, "base_d16", "base_d64"]
+    for m in _methods(methods, list(dict.fromkeys(summary.method))):
+        for r in refs:
+            t = paired_test(summary, m, r, tasks=chosen, dims=dims)
+            for d in t.index:
+                if not (r.startswith("base_d") and int(r.removeprefix("base_d")) != d):
+                    tests[(m, r, int(d))] = t.loc[d]
+    p = stats.holm({k: v.wilcoxon_p for k, v in tests.items() if np.isfinite(v.wilcoxon_p)}).p_adj
+    rows = {}
+    for (m, r, d), t in tests.items():
+        rows.setdefault(f"{LABELS.get(m, m)} − {LABELS.get(r, r)}", {f"d{x}": "—" for x in dims})[f"d{d}"] = (
+            f"{t.mean_diff:+.1f} ({int(t.wins)}/{int(t.pairs)}, p={p.get((m, r, d), np.nan):.1g})")
+    return md_table(pd.DataFrame(rows).T.rename_axis(f"layer {int(summary.layer.max())}"))
+
 # %% ../../nbs/studies/06_report.ipynb #21c016
 TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_table, "task_share": share_table,
           "step_time": step_time_table,
@@ -877,7 +929,8 @@ TABLES = {"grid": grid_table, "vs_mrl": vs_mrl_table, "backbones": backbones_tab
           "watch": watch_table,
           "fractal_workers": fractal_workers_table, "gpu_step": gpu_step_table, "retrieval": retrieval_table,
           "funnel": funnel_table, "funnel_shortlist": funnel_shortlist_table, "hard_negatives": hard_negatives_table,
-          "grad_cache": grad_cache_table, "query_latency": query_latency_table, "budget": budget_table}
+          "grad_cache": grad_cache_table, "query_latency": query_latency_table, "budget": budget_table,
+          "references": references_table, "vs_references": vs_references_table}
 MARKER = re.compile(r"^<!-- table: (\S+)((?: \S+=\S+)*) -->\n(?:\|.*\n?)*", re.M)
 
 def render_table(name: str, options: str = "", results="results") -> str:
