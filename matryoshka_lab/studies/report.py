@@ -901,7 +901,10 @@ def vs_references_table(results="results", setting: str = "angle", dims="16,64",
     refs = ["untrained", *REFERENCE_METHODS, "base_d16", "base_d64"]
     for m in _methods(methods, list(dict.fromkeys(summary.method))):
         for r in refs:
-            t = paired_test(summary, m, r, tasks=chosen, dims=dims)
+            have = [d for d in dims if d in set(summary.dim[summary.method == r])]   # (CSR: the sizes its codes' bytes match)
+            if not have:
+                continue
+            t = paired_test(summary, m, r, tasks=chosen, dims=have)
             for d in t.index:
                 if not (r.startswith("base_d") and int(r.removeprefix("base_d")) != d):
                     tests[(m, r, int(d))] = t.loc[d]
