@@ -97,7 +97,7 @@ def fit_csr(emb, k: int = 32, expansion: int = 4, k_aux: int | None = None, beta
         opt.zero_grad()
         total.backward()
         opt.step()
-    return sae.eval(), {k: round(float(v), 6) for k, v in parts.items()}
+    return sae.eval(), {k: round(v.item(), 6) for k, v in parts.items()}
 
 def fit_csr_transform(encoder, texts, layer: int, source: str = "", exclude=(), seed: int = 0, batch_size: int = 64,
                       progress: bool = False, **fit) -> CSR:

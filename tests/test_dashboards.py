@@ -28,6 +28,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
+from matryoshka_lab import grid_tabs
 from matryoshka_lab import workbench as dash
 from matryoshka_lab.dashboard import MetricsTail, load_snapshot, resolve_run, run_file, safe_runs
 from matryoshka_lab.runs import RunLog, parse_metrics
@@ -207,7 +208,7 @@ def test_finds_grids_and_refuses_escapes(tmp_path):
     write_grid(tmp_path / "outside" / "grid.csv")
     (root / "sneaky").mkdir()
     (root / "sneaky" / "grid.csv").symlink_to(tmp_path / "outside" / "grid.csv")
-    assert list(dash.find_grids(root.resolve())) == ["demo/grid.csv"]
+    assert list(grid_tabs.find_grids(root.resolve())) == ["demo/grid.csv"]
     app = dash.build_app(root.resolve())
     assert "workbench" in app.layout[0].object and app.picker.options == []   # a folder holding only a grid is no run ...
     assert [v.picker.select.options for v in app.grid_views] == [["demo/grid.csv"]] * 2   # ... but a grid of both grid tabs
@@ -216,10 +217,10 @@ def test_finds_grids_and_refuses_escapes(tmp_path):
 def test_bad_files_do_not_crash(tmp_path):
     bad = tmp_path / "grid.csv"
     bad.write_text("task,layer,dim,metric,value\nstsb,0,16,spearman,5")   # half-written last line
-    assert len(dash.read_grid(bad, tmp_path)) == 1
+    assert len(grid_tabs.read_grid(bad, tmp_path)) == 1
     bad.write_text("not,a,grid\n1,2,3\n")
-    assert dash.read_grid(bad, tmp_path).empty
-    assert dash.read_grid(tmp_path / "missing.csv", tmp_path).empty
+    assert grid_tabs.read_grid(bad, tmp_path).empty
+    assert grid_tabs.read_grid(tmp_path / "missing.csv", tmp_path).empty
     wb = dash.build_app(tmp_path / "none")
     assert "No runs under the runs root" in wb.layout[0].object
     wb.tick()
@@ -284,6 +285,7 @@ def test_special_files_never_block_the_workbench(tmp_path):
     root = special_files_root(tmp_path / "runs")
     code = f"""
 from matryoshka_lab import workbench as dash
+from matryoshka_lab.grid_tabs import find_grids
 wb = dash.build_app({str(root)!r}, run="y")
 wb.tick()
 print("y:", wb.step.object, "|", wb.status.object)
@@ -293,7 +295,7 @@ print("z:", wb.step.object, "|", wb.config, "|", wb.steer_select.options)
 wb.picker.value = "w"
 wb.array_select.value = "diag_variance"
 print("w:", list(wb.snap_slider.options), "|", wb.snap_plot.object.layout.title.text)
-print("grids:", list(dash.find_grids(wb.root)))
+print("grids:", list(find_grids(wb.root)))
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]

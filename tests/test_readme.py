@@ -139,7 +139,7 @@ def test_references_section_runs_as_written(data_dir, tmp_path, monkeypatch):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     monkeypatch.setenv("MATRYOSHKA_LAB_DATA", str(data_dir))
     monkeypatch.chdir(tmp_path)
-    res = subprocess.run(blocks[0][1].replace("\\\n", " ") + " --no-progress", shell=True, capture_output=True, text=True, timeout=1200)
+    res = subprocess.run(blocks[0][1].replace("\\\n", " ").strip() + " --no-progress", shell=True, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     exec(compile(blocks[1][1], "README.md", "exec"), {})
     grid = pd.read_csv(tmp_path / "runs" / "refs" / "grid.csv")
