@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import ClassificationData, HierarchyData, PairData, Sentences, STSData, Task, load_task
+from .data import (ClassificationData, HierarchyData, PairData, PositivePairs, RetrievalData, Sentences, STSData, Task,
+                                 load_task)
 
 # %% auto #0
 __all__ = ['TRANSFORMS', 'text_hashes', 'fit_record', 'Transform', 'fit_texts', 'PCA', 'RandomRotation', 'fit_transform',
@@ -98,6 +99,10 @@ def _split_texts(split) -> list[str]:
         texts = list(split.sentence1) + list(split.sentence2)
     elif isinstance(split, (ClassificationData, HierarchyData, Sentences)):
         texts = list(split.text)
+    elif isinstance(split, PositivePairs):                     # your own anchor, positive[, negative...] rows
+        texts = list(split.anchor) + list(split.positive) + [t for column in split.negatives for t in column]
+    elif isinstance(split, RetrievalData):
+        texts = list(split.queries) + list(split.corpus)
     else:
         raise ValueError(f"a {type(split).__name__} split has no texts to fit a transform on")
     return list(dict.fromkeys(t for t in texts if t.strip()))
