@@ -10,7 +10,7 @@ import pandas as pd
 
 # %% auto #0
 __all__ = ['RETRIEVAL_PRECISIONS', 'RETRIEVAL_METRIC', 'SPARSE_TRANSFORMS', 'NO_TRANSFORM', 'bytes_per_vector', 'transform_parts',
-           'budget_cells', 'pareto', 'advise']
+           'transform_labels', 'transform_views', 'budget_cells', 'pareto', 'advise']
 
 # %% ../nbs/03_budget.ipynb #03a005
 RETRIEVAL_PRECISIONS = ("float32", "int8", "binary")
@@ -44,6 +44,26 @@ def transform_parts(grid: pd.DataFrame) -> dict[str, pd.DataFrame]:
         return {NO_TRANSFORM: grid}
     labels = sorted(dict.fromkeys(grid["transform"]), key=lambda l: l != NO_TRANSFORM)   # stable: first seen after it
     return {l: grid[grid["transform"] == l].drop(columns="transform").reset_index(drop=True) for l in labels}
+
+def transform_labels(transform, scored: list[str] | None = None) -> list[tuple[str, object]]:
+    "[(label, transform)] of evaluate's `transform`: one transform or a list of them (None among them: the model's own cells, labelled NO_TRANSFORM); [] for None. With `scored` (the texts evaluate scores), a transform fitted on any of them is refused (Transform.check_disjoint)."
+    if transform is None:
+        return []
+    items = list(transform) if isinstance(transform, (list, tuple)) else [transform]
+    labels = [NO_TRANSFORM if t is None else t.kind for t in items]
+    if len(set(labels)) < len(labels) or not items:
+        raise ValueError(f"a grid tells its transforms apart by kind: give each once (got {labels})")
+    for t in items:
+        if t is not None and scored is not None:
+            t.check_disjoint(scored)
+    return list(zip(labels, items))
+
+def transform_views(refs: list, emb, layers: list[int], dims: list[int], precisions: list[str]) -> list:
+    "What evaluate scores for transform_labels' `refs` over embeddings emb [N, len(layers), D]: (label, layers, embeddings, dims scored, dims recorded, precisions) per view; the model's own cells alone (label None) without refs. A transform gives its views at the layers it was fitted at (Transform.views), its codes at the precisions it has (CSR: float32)."
+    if not refs:
+        return [(None, layers, emb, dims, dims, precisions)]
+    return [(label, *v, [p for p in precisions if t is None or t.precisions is None or p in t.precisions])
+            for label, t in refs for v in ([(layers, emb, dims, dims)] if t is None else t.views(emb, layers, dims))]
 
 def budget_cells(grid: pd.DataFrame, task: str, metric: str | None = None, latency: dict | None = None) -> pd.DataFrame:
     "One row per (layer, dim, precision) cell of `task` in a tidy grid (and per transform, when it has a `transform` column): score, ratio to the full model (its own last layer, full width, float32), bytes a vector and (with `latency`) query latency."

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from scipy.stats import rankdata
 
-from .budget import NO_TRANSFORM, RETRIEVAL_METRIC, RETRIEVAL_PRECISIONS, bytes_per_vector
+from .budget import RETRIEVAL_METRIC, RETRIEVAL_PRECISIONS, bytes_per_vector, transform_labels, transform_views
 from .core import parse_dims, parse_layers
 from .data import (ClassificationData, HierarchyData, PairData, RetrievalData, STSData, Task,
                                  load_task)
@@ -25,7 +25,7 @@ __all__ = ['COS_DECIMALS', 'RETRIEVAL_METRICS', 'RESCORE', 'MAIN_METRIC', 'MTEB_
            'MTEB_PUBLISHED', 'prefix_cosine', 'prefix_normalize', 'spearman_columns', 'pair_cosines', 'sts_grid',
            'best_threshold_accuracy', 'pair_grid', 'mteb_undersample', 'logreg_grid', 'knn_grid', 'int8_codes',
            'binary_codes', 'retrieval_grid', 'retrieval_metrics', 'parse_precisions', 'main_metric', 'task_texts',
-           'score_task', 'check_task_names', 'scored_cells', 'references', 'evaluate']
+           'score_task', 'check_task_names', 'scored_cells', 'evaluate']
 
 # %% ../nbs/04_eval.ipynb #03c006
 def prefix_cosine(a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> torch.Tensor:
@@ -365,16 +365,6 @@ def scored_cells(task: Task, cells: int, precisions) -> int:
         return cells
     return cells * len(precisions) if isinstance(task.test, RetrievalData) else 0
 
-def references(transform) -> list[tuple[str, object]]:
-    "[(label, transform)] of evaluate's `transform`: one transform or a list of them (None among them: the model's own cells, labelled NO_TRANSFORM); [] for None."
-    if transform is None:
-        return []
-    items = list(transform) if isinstance(transform, (list, tuple)) else [transform]
-    labels = [NO_TRANSFORM if t is None else t.kind for t in items]
-    if len(set(labels)) < len(labels) or not items:
-        raise ValueError(f"a grid tells its transforms apart by kind: give each once (got {labels})")
-    return list(zip(labels, items))
-
 def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path | None = None, batch_size: int = 64,
              max_length: int | None = None, protocol: str = "mteb", progress: bool = True,
              precisions=("float32",), columns: dict | None = None, notes: bool | None = None,
@@ -393,10 +383,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
     index, positions = {}, []
     for t in loaded:
         positions.append(np.array([index.setdefault(s, len(index)) for s in task_texts(t)]))
-    refs = references(transform)
-    for _, t in refs:
-        if t is not None:
-            t.check_disjoint(list(index))                     # never scored on what it was fitted on
+    refs = transform_labels(transform, scored=list(index))   # never scored on what it was fitted on
     if (progress if notes is None else notes) and set(precisions) - {"float32"} \
             and not any(isinstance(t.test, RetrievalData) for t in loaded):
         tqdm.write(f"note: precisions {', '.join(precisions)} apply to retrieval tasks, and none of these is one: "
@@ -410,19 +397,14 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
                        f"the encoder reads their first {limit}", file=sys.stderr)
     t0 = time.perf_counter()
     emb = encoder.encode(list(index), batch_size=batch_size, max_length=max_length, layers=layer_ids, progress=progress)
-    views = [(label, *v) for label, t in refs                 # (whose, layers, embeddings, dims scored, dims recorded)
-             for v in ([(layer_ids, emb, dims, dims)] if t is None else t.views(emb, layer_ids, dims))]
-    views = views or [(None, layer_ids, emb, dims, dims)]
-    stored = {label: [p for p in precisions if t is None or t.precisions is None or p in t.precisions]
-              for label, t in refs}                           # a transform's codes at the precisions it has (CSR: float32)
+    views = transform_views(refs, emb, layer_ids, dims, precisions)
     t_encode = time.perf_counter() - t0
-    n_cells = sum(scored_cells(t, len(v[1]) * len(v[3]), stored.get(v[0], precisions)) for v in views for t in loaded)
+    n_cells = sum(scored_cells(t, len(v[1]) * len(v[3]), v[5]) for v in views for t in loaded)
     bar = tqdm(total=n_cells, desc="scoring", unit="cell", disable=not progress or n_cells == 0)
     rows = []
-    for label, at, x, scored, recorded in views:
+    for label, at, x, scored, recorded, stored in views:
         for t, pos in zip(loaded, positions):
-            for metric, grid in score_task(t, x[:, pos], scored, protocol, progress=bar,
-                                           precisions=stored.get(label, precisions)).items():
+            for metric, grid in score_task(t, x[:, pos], scored, protocol, progress=bar, precisions=stored).items():
                 for i, layer in enumerate(at):
                     for j, d in enumerate(recorded):
                         rows.append((t.name, layer, d, metric, float(grid[i, j]), label)[:6 if refs else 5])
