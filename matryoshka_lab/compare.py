@@ -90,7 +90,8 @@ class PrefixCompare:
         keep = self.pair.value if self.pair.value in pairs else next(
             (p for m in ("spearman", "ndcg_at_10", "accuracy") for p in pairs if p.endswith(f" / {m}")), pairs[0] if pairs else None)
         evaluated = [r for r in self.runs if self.grids.steps[r].step is not None]
-        others = evaluated[1:] if evaluated[:1] == self.runs[:1] else []
+        refs = [r for r in self.grids.steps if r not in self.runs]      # the runs' references ('pca of RUN'), after them
+        others = evaluated[1:] + refs if evaluated[:1] == self.runs[:1] else []
         with pn.io.hold():
             self.pair.options, self.other.options = pairs, others
             self.pair.value = keep

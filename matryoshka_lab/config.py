@@ -114,6 +114,8 @@ class TrainConfig:
     eval_tasks: tuple = ("stsb_dev",)         # evaluated every eval_every steps and at the end (names or paths)
     eval_layers: str = "all"
     eval_dims: str | None = None              # default: dims
+    eval_transforms: str | None = None        # references scored at the final evaluation: 'pca,random,adaptor,adaptor_sup,csr'
+    eval_fit: str | None = None               # their fit set (a task or a file); default: the run's training data
     diagnostics_every: int = -1               # -1: off; 0: budget mode (<= 5% of training time); N: every N steps
     device: str | None = None                 # default: CUDA when present
     amp: bool = True                          # on CUDA bf16 autocast (fp16 + loss scaling without bf16); CPU: fp32
@@ -167,6 +169,11 @@ class TrainConfig:
         object.__setattr__(self, "train_task", tasks[0] if len(tasks) == 1 else tasks)
         object.__setattr__(self, "eval_tasks", tuple(map(_task_path, self.eval_tasks)))   # a resume finds it from anywhere
         get_method(self.method).check_options(self.loss_options)   # an unknown method or option: one clear error
+        from matryoshka_lab.references import parse_references
+        if parse_references(self.eval_transforms, self.eval_fit, ("eval_transforms", "eval_fit"), default_fit=self.train_task) and self.eval_every < 0:
+            raise ValueError("eval_transforms are scored at the final evaluation, and eval_every -1 makes none")
+        if self.eval_fit is not None:
+            object.__setattr__(self, "eval_fit", _task_path(self.eval_fit))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -220,7 +227,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
 
 # %% ../nbs/09_config.ipynb #08ac06
 RESUMABLE_CHANGES = ("max_steps", "log_every", "checkpoint_every", "keep_checkpoints", "light_checkpoints", "eval_every", "eval_tasks",
-                     "eval_layers", "eval_dims", "diagnostics_every", "device", "compile", "batch_workers",
+                     "eval_layers", "eval_dims", "eval_transforms", "eval_fit", "diagnostics_every", "device", "compile", "batch_workers",
                      "mini_batch_size", "mini_batch_tokens", "run_dir", "data_dir")   # what may differ when a run is resumed (or moved)
 
 FORMER_DEFAULTS = {"no_duplicates": False}   # newer fields' values in runs made before them: the plain draw

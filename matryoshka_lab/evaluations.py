@@ -5,17 +5,21 @@
 # %% ../nbs/21_evaluations.ipynb #21e002
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from .budget import NO_TRANSFORM, transform_parts
 from .dashboard import GRID_NAME, MetricsTail, eval_grids, read_file, resolve_run, run_file
 from .figures import seed_groups
 
 # %% auto #0
-__all__ = ['CONFIG_BYTES', 'step_cells', 'StepGrid', 'grid_at', 'run_config', 'run_evals', 'RunGrids', 'read_grids']
+__all__ = ['CONFIG_BYTES', 'COLUMNS', 'GRID_BYTES', 'REFERENCE_RUN', 'step_cells', 'StepGrid', 'grid_at', 'run_config',
+           'run_evals', 'RunGrids', 'read_grid', 'run_references', 'read_grids']
 
 # %% ../nbs/21_evaluations.ipynb #21e005
 def step_cells(evals: pd.DataFrame) -> pd.DataFrame:
@@ -105,16 +109,55 @@ class RunGrids:
         owner = {run: label for label, runs in self.groups.items() for run in runs}
         return self.grid.assign(group=self.grid.run.map(owner))
 
+COLUMNS = ["task", "layer", "dim", "metric", "value"]   # a grid.csv's; a sixth, `transform`, names whose cells they are
+GRID_BYTES = 64 << 20   # the largest grid.csv read
+
+def read_grid(path: Path, root: Path) -> pd.DataFrame:
+    "A grid CSV under root (COLUMNS, and `transform` when it has one), its rows checked (task and metric as text, layer and dim whole numbers, value a number; a cell given twice keeps its last row), or an empty frame with the right columns when it is missing, partial, malformed or no regular file."
+    try:
+        df = pd.read_csv(io.BytesIO(read_file(path, root, GRID_BYTES)), dtype={"task": str, "metric": str})
+    except (ValueError, pd.errors.ParserError):
+        return pd.DataFrame(columns=COLUMNS)
+    if list(df.columns) not in (COLUMNS, COLUMNS + ["transform"]):
+        return pd.DataFrame(columns=COLUMNS)
+    for col in ("layer", "dim", "value"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    df = df.dropna(subset=["task", "layer", "dim", "metric"])
+    whole = (df.layer % 1 == 0) & (df.dim % 1 == 0) & df.layer.between(0, 1e6) & df.dim.between(1, 1e9)
+    df = df[whole].astype({"layer": int, "dim": int})
+    if "transform" in df.columns:
+        df = df.dropna(subset=["transform"]).astype({"transform": str})
+    return df.drop_duplicates([c for c in df.columns if c != "value"], keep="last").reset_index(drop=True)
+
+REFERENCE_RUN = "{kind} of {run}"   # a run's reference (its config's eval_transforms) where runs are listed
+
+def run_references(root: str | Path, name: str, own: StepGrid) -> dict[str, pd.DataFrame]:
+    "The references' cells in run `name`'s grid.csv, {kind: tidy grid}, when its own cells there are those of `own` (the same evaluation: the final one, where eval_transforms are fitted); {} otherwise or for an unreadable file."
+    if own.step is None:
+        return {}
+    grid = read_grid(run_file(root, name, "grid.csv"), root)
+    if "transform" not in grid.columns:
+        return {}
+    parts = transform_parts(grid)
+    mine = parts.pop(NO_TRANSFORM, grid.iloc[:0])
+    both = mine.merge(own.grid, on=COLUMNS[:4], suffixes=("", "_logged"))
+    same = len(both) == len(mine) == len(own.grid) and np.allclose(both.value, both.value_logged, rtol=0, atol=1e-9)
+    return parts if same else {}
+
 def read_grids(root: str | Path, names: list[str], common: bool = True,
                tails: dict | None = None) -> RunGrids:   # run -> a MetricsTail already open (the workbench's)
-    "The runs' grids as of the newest step every one has evaluated completely (common=True), else each run's newest complete one; runs with no evaluation are left out of the grid."
+    "The runs' grids as of the newest step every one has evaluated completely (common=True), else each run's newest complete one; runs with no evaluation are left out of the grid. A run's references (run_references) follow it as runs of their own, 'pca of RUN', when the step drawn is the one they were fitted at."
     tails = tails or {}
     evals = {n: run_evals(root, n, tails.get(n)) for n in names}
     done = {n: step_cells(e) for n, e in evals.items()}
     last = {n: int(s.index[s.complete].max()) for n, s in done.items() if s.complete.any()}
     at = min(last.values()) if common and last else None
     steps = {n: grid_at(e, at_most=at if n in last else None) for n, e in evals.items()}
+    configs = {n: run_config(root, n) for n in names}
+    for n in names:
+        for kind, part in run_references(root, n, steps[n]).items():
+            ref = REFERENCE_RUN.format(kind=kind, run=n)
+            steps[ref], configs[ref] = StepGrid(part, steps[n].step, True), {**configs[n], "transform": kind}
     parts = [g.grid.assign(run=n) for n, g in steps.items() if g.step is not None]
     grid = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["task", "layer", "dim", "metric", "value", "run"])
-    configs = {n: run_config(root, n) for n in names}
-    return RunGrids(grid, steps, configs, seed_groups({n: configs[n] for n in names if steps[n].step is not None}), at)
+    return RunGrids(grid, steps, configs, seed_groups({n: configs[n] for n in steps if steps[n].step is not None}), at)

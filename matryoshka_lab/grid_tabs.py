@@ -5,24 +5,22 @@
 # %% ../nbs/23_grid_tabs.ipynb #23g002
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pandas as pd
 import panel as pn
 
 from .budget import NO_TRANSFORM, RETRIEVAL_METRIC, advise, budget_cells, transform_parts
-from .dashboard import read_file, run_file, safe_runs
+from .dashboard import run_file, safe_runs
+from .evaluations import COLUMNS, read_grid
 from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, SIZE, chart_exports, export_row, figure_pane, tab
 from .figures import frontier_chart
 from .plots import grid_table, headline, plot_grid
 
 # %% auto #0
-__all__ = ['COLUMNS', 'GRID_BYTES', 'find_grids', 'read_grid', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser']
+__all__ = ['find_grids', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser']
 
 # %% ../nbs/23_grid_tabs.ipynb #23g013
-COLUMNS = ["task", "layer", "dim", "metric", "value"]   # a grid.csv's; a sixth, `transform`, names whose cells they are
-
 def find_grids(root: Path) -> dict[str, Path]:
     "grid.csv files under root, by their path relative to root; anything resolving outside root is ignored."
     root = Path(root).resolve()
@@ -36,24 +34,6 @@ def find_grids(root: Path) -> dict[str, Path]:
             found[f"{name}/grid.csv"] = path.resolve()
     return found
 
-GRID_BYTES = 64 << 20   # the largest grid.csv read
-
-def read_grid(path: Path, root: Path) -> pd.DataFrame:
-    "A grid CSV under root (COLUMNS, and `transform` when it has one), its rows checked (task and metric as text, layer and dim whole numbers, value a number; a cell given twice keeps its last row), or an empty frame with the right columns when it is missing, partial, malformed or no regular file."
-    try:
-        df = pd.read_csv(io.BytesIO(read_file(path, root, GRID_BYTES)), dtype={"task": str, "metric": str})
-    except (ValueError, pd.errors.ParserError):
-        return pd.DataFrame(columns=COLUMNS)
-    if list(df.columns) not in (COLUMNS, COLUMNS + ["transform"]):
-        return pd.DataFrame(columns=COLUMNS)
-    for col in ("layer", "dim", "value"):
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    df = df.dropna(subset=["task", "layer", "dim", "metric"])
-    whole = (df.layer % 1 == 0) & (df.dim % 1 == 0) & df.layer.between(0, 1e6) & df.dim.between(1, 1e9)
-    df = df[whole].astype({"layer": int, "dim": int})
-    if "transform" in df.columns:
-        df = df.dropna(subset=["transform"]).astype({"transform": str})
-    return df.drop_duplicates([c for c in df.columns if c != "value"], keep="last").reset_index(drop=True)
 
 # %% ../nbs/23_grid_tabs.ipynb #23g015
 class GridPicker:

@@ -24,20 +24,22 @@ __all__ = ['REFERENCES', 'FITTED', 'parse_references', 'FitSet', 'model_width', 
 REFERENCES = ("pca", "random", "adaptor", "adaptor_sup", "csr")
 FITTED = ("pca", "adaptor", "adaptor_sup", "csr")   # fitted on texts: they need a fit set
 
-def parse_references(spec, fit=None) -> list[str]:
-    "The kinds of a reference list ('pca,random'), each known and given once, a fit set named exactly when one of them is fitted on texts."
+def parse_references(spec, fit=None,
+                     flags=("--transform", "--fit"),   # what the two are called where they are given (a config: its keys)
+                     default_fit=None) -> list[str]:   # the fit set when none is named (a run's: its training data)
+    "The kinds of a reference list ('pca,random'), each known and given once, a fit set named (or a default) when one of them is fitted on texts, and named only then."
     kinds = [k.strip() for k in (spec or "").split(",") if k.strip()]
     bad = [k for k in kinds if k not in REFERENCES]
     if bad:
         raise ValueError(f"unknown transform {bad[0]!r}: one of {', '.join(REFERENCES)}")
     if len(set(kinds)) < len(kinds):
         raise ValueError(f"{spec!r} names a transform twice")
-    fitted = [k for k in kinds if k in FITTED]
-    if fitted and not fit:
-        raise ValueError(f"--transform {fitted[0]} needs --fit TASK (the texts it is fitted on)")
+    fitted, (given, named) = [k for k in kinds if k in FITTED], flags
+    if fitted and not (fit or default_fit):
+        raise ValueError(f"{given} {fitted[0]} needs {named} TASK (the texts it is fitted on)")
     if fit and not fitted:
-        raise ValueError(f"--transform {','.join(kinds)} is fitted on nothing: drop --fit" if kinds else
-                         f"--fit is the fit set of a --transform: give --transform {FITTED[0]} too")
+        raise ValueError(f"{given} {','.join(kinds)} is fitted on nothing: drop {named}" if kinds else
+                         f"{named} is the fit set of a {given}: give {given} {FITTED[0]} too")
     return kinds
 
 @dataclass(frozen=True)
@@ -66,13 +68,16 @@ def model_width(name) -> int | None:
     width = config.get("hidden_size") or config.get("d_model")
     return int(width) if isinstance(width, int) else None
 
-def fit_set(kinds, task, data_dir=None, columns: dict | None = None, exclude=(),
+def fit_set(kinds, task,   # a name, a path or a Task; or a list of them (their texts pooled)
+            data_dir=None, columns: dict | None = None, exclude=(),
             width: int | None = None) -> FitSet | None:   # the model's hidden size, where known before it loads
-    "The fit set of `kinds` from `task` (a name, a path or a Task), less `exclude`, checked: every fitted kind has enough texts (PCA: at least the model's width; the adaptor: more than its 10 neighbours twice over), adaptor_sup its pairs, csr a k its width can train."
+    "The fit set of `kinds` from `task` (or the texts of several tasks together), less `exclude`, checked: every fitted kind has enough texts (PCA: at least the model's width; the adaptor: more than its 10 neighbours twice over), adaptor_sup its pairs, csr a k its width can train."
     if not any(k in FITTED for k in kinds):
         return None
-    task = task if isinstance(task, Task) else load_task(task, data_dir, columns)
-    given, source = fit_texts(task)
+    tasks = [t if isinstance(t, Task) else load_task(t, data_dir, columns)
+             for t in (task if isinstance(task, (list, tuple)) else [task])]   # several: a run's training tasks
+    parts = [fit_texts(t) for t in tasks]
+    given, source = list(dict.fromkeys(x for texts, _ in parts for x in texts)), " + ".join(s for _, s in parts)
     scored = set(exclude)
     texts = [t for t in given if t not in scored]
     need = {"pca": width or 1, "adaptor": 2 * 11, "adaptor_sup": 2 * 11, "csr": 2}
@@ -85,7 +90,7 @@ def fit_set(kinds, task, data_dir=None, columns: dict | None = None, exclude=(),
         check_csr(width)
     pairs = None
     if "adaptor_sup" in kinds:
-        kept = [(q, d) for q, d in zip(*fit_pairs(task)) if q not in scored and d not in scored]
+        kept = [(q, d) for t in tasks for q, d in zip(*fit_pairs(t)) if q not in scored and d not in scored]
         if len(kept) < 4:
             raise ValueError(f"adaptor_sup needs at least 4 pairs of {source} the grid does not score, got {len(kept)}")
         pairs = ([q for q, _ in kept], [d for _, d in kept])

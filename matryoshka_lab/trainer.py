@@ -28,6 +28,7 @@ from .losses import read_floats
 from .methods import BatchDraw, Callback, CancelFit, TrainData, get_method
 from .provenance import USED_FILE, data_changes, data_record, read_used, trained_on, used_record
 from .recipe import check_negatives, load_encoder, make_loss, training_data
+from .run_references import own_cells, run_fit_set, run_grid
 from .runs import RunLock, RunLog, check_run_files, write_atomic, write_json
 from .views import CachedViews, method_views
 
@@ -60,28 +61,27 @@ def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> li
         except ValueError as err:
             raise ValueError(f"eval_tasks: {err} (evaluation scores STS, classification, pair, hierarchy and retrieval "
                              "tasks)") from None
+    run_fit_set(cfg, tasks, encoder.hidden_size)      # eval_transforms' fit set: checked now, fitted at the end
     return tasks
 
 class EvalCallback(Callback):
-    "Evaluate the layer x dim grid every `every` steps (0: at the end only); log it and write grid.csv."
+    "Evaluate the layer x dim grid every `every` steps (0: at the end only; eval_transforms' references too there); log the model's own cells and write grid.csv."
     order = 10
     def __init__(self, every: int = 0, tasks: list | None = None):   # tasks: loaded Tasks (preflight); None: cfg.eval_tasks
         self.every, self.tasks, self.noted = every, tasks, False
-    def _run(self, trainer):
+    def _run(self, trainer, final: bool = False):
         if not trainer.dist.main:   # the other processes wait at their next collective
             return
-        from matryoshka_lab.eval import evaluate
         cfg = trainer.config
         shown = trainer.progress    # (not the bar's disable flag: tqdm sets it on close, before the final evaluation)
         if shown:                   # a training bar standing still for minutes would read as a hang
             names = [t.name for t in self.tasks] if self.tasks else list(cfg.eval_tasks)
             tqdm.write(f"step {trainer.step}: evaluating {', '.join(names)} (layers {cfg.eval_layers}, "
                        f"dims {cfg.eval_dims or ','.join(map(str, cfg.dims))})", file=sys.stderr)
-        df = evaluate(trainer.encoder, self.tasks or list(cfg.eval_tasks), layers=cfg.eval_layers,
-                      dims=cfg.eval_dims or list(cfg.dims), data_dir=cfg.data_dir, progress=shown,
-                      notes=shown and not self.noted)      # texts longer than the encoder reads: said once a run
+        tasks = self.tasks or [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
+        df = run_grid(trainer.encoder, cfg, tasks, final, progress=shown, notes=shown and not self.noted)   # notes: once
         self.noted = True
-        for r in df.itertuples():
+        for r in own_cells(df).itertuples():
             trainer.log.log(trainer.step, f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}", r.value, split="eval")
         write_atomic(Path(cfg.run_dir) / "grid.csv", df.to_csv(index=False))
         trainer.encoder.train()
@@ -97,7 +97,7 @@ class EvalCallback(Callback):
         if self._due(trainer):
             self._run(trainer)
     def after_fit(self, trainer):
-        self._run(trainer)
+        self._run(trainer, final=True)
 
 class CheckpointCallback(Callback):
     "Save a checkpoint every `every` steps and at the end (or a stop), only there when every is 0, none when -1 (rank 0 writes it, with every process's RNG state); only finite weights."
@@ -338,7 +338,7 @@ class Trainer:
         "The model as a folder at path: config.json declares what the method trained as embeddings, README.md is its card with the run's last evaluation (grid.csv)."
         dims, layers = self.method.trained_cuts(self.loss_fn, self.encoder.hidden_size, self.encoder.num_layers)
         grid = Path(self.config.run_dir) / "grid.csv"
-        card = model_card(self.config.to_dict(), dims, layers, pd.read_csv(grid) if grid.is_file() else None,
+        card = model_card(self.config.to_dict(), dims, layers, own_cells(pd.read_csv(grid)) if grid.is_file() else None,
                           trained_on=trained_on(self.used))
         return export_model(self.encoder, path, dims=dims, layers=layers, card=card)
 

@@ -48,7 +48,7 @@ LAYERS = {   # the README's picture, bottom up: a module imports only modules of
     "base": ("core", "methods", "encoder", "data", "runs"),
     "losses": ("losses",),
     "measuring": ("budget", "eval", "transforms", "adaptor", "sparse_codes", "references", "diagnostics", "stats", "plots", "figures"),
-    "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "provenance", "trainer", "launch",
+    "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "provenance", "run_references", "trainer", "launch",
                  "gradients"),
     "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
     "apps": ("tutorial", "transform_export", "cli", "st_loss", "dashboard", "exports", "grid_tabs", "evaluations", "explorer", "compare", "notebook_copy", "serving", "workbench", "deploy", "watch")}
