@@ -111,7 +111,7 @@ def main():
     tasks = [load_task(t, cfg.data_dir) for t in names]
     scored = [s for t in tasks for s in task_texts(t)]
     fit = fit_set(REFERENCES, cfg.train_task, cfg.data_dir, exclude=scored, width=enc.hidden_size)
-    dims, shared = sorted({CSR_K, *cfg.dims}), SharedEncoding(enc)   # the fit set encoded once for every reference and seed
+    dims, shared = sorted({CSR_K, *cfg.dims}), SharedEncoding(enc)   # every text encoded once for every reference and seed
     committed = read_results(Path("results/baselines") / name)[0] if (Path("results/baselines") / name).is_dir() else None
     rows, fits, checks = [], {}, {}
     for seed in a.seeds:
@@ -121,7 +121,8 @@ def main():
             fitted.append(fit_reference(kind, shared, fit, layers, seed=seed, dims=cfg.dims, progress=True))
             fits[f"{kind}_seed{seed}"] = {**fitted[-1].describe(), "fit_seconds": round(time.perf_counter() - t0, 1)}
             print(f"seed {seed}: {kind} fitted in {fits[f'{kind}_seed{seed}']['fit_seconds']} s", file=sys.stderr)
-        grid = evaluate(enc, tasks, layers=layers, dims=dims, data_dir=cfg.data_dir, transform=fitted, precisions=precisions)
+        grid = evaluate(shared, tasks, layers=layers, dims=dims, data_dir=cfg.data_dir, transform=fitted,
+                        precisions=precisions)   # (shared: the evaluation's texts encoded once, for every seed)
         own = set(committed.task[committed.method == "untrained"]) if committed is not None else set()
         grid = grid[(grid["transform"] != "none") | (~grid.task.isin(own) & (seed == a.seeds[0]))]   # its own: where not committed
         rows.append(grid.assign(method=("untrained+" + grid["transform"]).str.replace("+none", ""), seed=seed,
