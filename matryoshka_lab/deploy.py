@@ -108,14 +108,20 @@ class FunnelIndex:
         return bytes_per_vector(self.prefix, self.precision)
 
     def _vectors(self, x, what: str, progress: bool = False) -> np.ndarray:
-        "x as float32 vectors: texts embedded by the encoder, a matrix as it is."
+        "x as float32 vectors: texts embedded by the encoder, a matrix as it is; NaN or inf refused (a search would rank them anywhere)."
         texts = _as_texts(x)
         if texts is None:
-            return np.asarray(x, dtype=np.float32)
-        if self.encoder is None:
+            v = np.asarray(x, dtype=np.float32)
+        elif self.encoder is None:
             raise ValueError(f"{what} given as texts need an encoder: FunnelIndex(..., encoder='embedded') (a model name "
                              f"or folder, an Encoder, a sentence-transformers model), or pass their embeddings [N, D]")
-        return embed_texts(self.encoder, texts, self.batch_size, progress)
+        else:
+            v = embed_texts(self.encoder, texts, self.batch_size, progress)
+        bad = np.flatnonzero(~np.isfinite(v.reshape(len(v), -1)).all(axis=1)) if v.ndim and len(v) else []
+        if len(bad):
+            raise ValueError(f"{what} row {bad[0]} holds NaN or inf" + (f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else "")
+                             + ": a search would rank it anywhere; drop or repair those vectors")
+        return v
 
     def _queries(self, queries) -> np.ndarray:
         q = self._vectors(queries, "queries")

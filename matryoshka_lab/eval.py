@@ -315,6 +315,8 @@ def task_texts(task: Task) -> list[str]:
     t = task.test
     if isinstance(t, RetrievalData):
         return list(t.queries) + list(t.corpus)
+    if isinstance(t, STSData) and (len(t.score) < 2 or np.ptp(t.score) == 0):   # a correlation of them is undefined
+        raise ValueError(f"task {task.name!r} has {len(t.score)} scored pair(s){'' if len(t.score) < 2 else ', all of one score'}: Spearman's correlation needs two pairs or more with different scores")
     if isinstance(t, (STSData, PairData)):
         return list(t.sentence1) + list(t.sentence2)
     if isinstance(t, (ClassificationData, HierarchyData)):
@@ -329,8 +331,7 @@ def score_task(task: Task, emb: torch.Tensor, dims: list[int], protocol: str = "
     "Scores {metric: [L, K]} of a task from emb [L, len(task_texts(task)), D] (the embeddings of `task_texts(task)`); a retrieval task at each of `precisions` (metric/precision beyond float32); progress: a bar updated once per classifier fit or retrieval cell (scored_cells)."
     t = task.test
     if isinstance(t, (STSData, PairData)):
-        n = len(t)
-        e1, e2 = emb[:, :n], emb[:, n:]
+        e1, e2 = emb[:, :len(t)], emb[:, len(t):]
         return {"spearman": sts_grid(e1, e2, t.score, dims)} if isinstance(t, STSData) else pair_grid(e1, e2, t.label, dims)
     if isinstance(t, RetrievalData):
         q, c, out = emb[:, :len(t.queries)], emb[:, len(t.queries):], {}
@@ -371,8 +372,7 @@ def evaluate(encoder, tasks: list, layers="all", dims=None, data_dir: str | Path
              transform=None) -> pd.DataFrame:   # a fitted transforms.Transform, or a list of them (None: the model's own)
     "Tidy table (task, layer, dim, metric, value) of `tasks` (names, paths to your own data with the `columns` renames, or Tasks) at every (layer, dim) cell; retrieval tasks also at `precisions` (metric 'ndcg_at_10/int8', ...); with `transform`, a `transform` column naming whose cells (the transform's kind, 'none' for the model's own) and attrs['transforms'] describing each. attrs['truncated']: per task, its texts longer than the encoder reads, said on stderr with `notes` (default: with progress)."
     from tqdm.auto import tqdm
-    if isinstance(tasks, (str, Task)):
-        tasks = [tasks]
+    tasks = [tasks] if isinstance(tasks, (str, Task)) else tasks
     if not tasks:
         raise ValueError("tasks is empty: name at least one task")
     layer_ids = parse_layers(layers, encoder.num_layers)

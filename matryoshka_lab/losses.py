@@ -253,8 +253,8 @@ class MRL:
 
     def __post_init__(self):
         object.__setattr__(self, "dims", _check_dims(self.dims))
-        if self.weights is not None and len(self.weights) != len(self.dims):
-            raise ValueError(f"weights must have one entry per dim: {len(self.dims)} dims, {len(self.weights)} weights")
+        if self.weights is not None and (len(self.weights) != len(self.dims) or not all(math.isfinite(w) and w >= 0 for w in self.weights) or not sum(self.weights) > 0):
+            raise ValueError(f"weights must have one entry per dim, each >= 0 with a positive sum: {len(self.dims)} dims, weights {list(self.weights)}")
         if self.reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {self.reduction!r}")
         if self.n_dims_per_step is not None and not 1 <= self.n_dims_per_step <= len(self.dims):

@@ -20,12 +20,13 @@ import PIL.Image
 
 from .. import stats
 from ..budget import RETRIEVAL_PRECISIONS, advise, bytes_per_vector
+from ..data import TASKS
 from ..figures import Colours, difference_chart, fractal_rows, frontier_chart, render, spectra_chart, steerability_chart
 from ..fractal_runner import cross_dataset
 from ..routing import crossover, routing_gain, under_evaluation
 from ..references import REFERENCES
 from ..runs import write_json
-from .baselines import STS_TEST, delta_table, paired_table, paired_test, read_results, seed_stats, task_metric
+from .baselines import STS_TEST, TASK_METRIC, delta_table, paired_table, paired_test, read_results, seed_stats, task_metric
 from .distill import DISTILL_ARMS, distill_summary, distill_tests, transfer_frame
 from .fractal_paper import PAPER_POOLED, PAPER_ROUTING, PAPER_S, PAPER_T3, PAPER_T5_FIT, PAPER_TABLE9
 from .fractal_paper import capacity_table, fmt, table5
@@ -106,9 +107,10 @@ def _tasks(tasks: str, summary: pd.DataFrame) -> list[str]:
         raise ValueError(f"the result file has no rows for {', '.join(map(repr, missing))}; it has {', '.join(present)}")
     return chosen
 
-def _one_metric(tasks: list[str]) -> str:
-    "The papers' metric the tasks share (a cell that averages tasks averages one metric)."
-    metrics = sorted({task_metric(t) for t in tasks})
+def _one_metric(tasks: list[str], summary: pd.DataFrame) -> str:
+    "The papers' metric the tasks share (a cell that averages tasks averages one metric); a task of your own (a folder by path: not registered) has the first of the papers' metrics its rows hold."
+    own = lambda t: next((m for m in TASK_METRIC.values() if m in set(summary.metric[summary.task == t])), "spearman")
+    metrics = sorted({task_metric(t) if t in TASKS else own(t) for t in tasks})
     if len(metrics) > 1:
         raise ValueError(f"tasks {tasks} are scored in different metrics ({', '.join(metrics)}): a cell averages one")
     return metrics[0]
@@ -126,7 +128,7 @@ def grid_table(results="results", setting: str = "angle", cells="L6d384,L6d16,L3
     "Mean ± std over seeds of the tasks' mean score x100 in their papers' metric (default: the STS test sets' Spearman; retrieval at a stored `precision`), method x (layer, dim) cell, from results/baselines/SETTING."
     summary = _at_precision(_baselines(results, setting)[0], precision)
     chosen = _tasks(tasks, summary)
-    stats = seed_stats(summary, chosen, _one_metric(chosen)).set_index(["method", "layer", "dim"])
+    stats = seed_stats(summary, chosen, _one_metric(chosen, summary)).set_index(["method", "layer", "dim"])
     rows = {}
     for m in _methods(methods, list(dict.fromkeys(summary.method))):
         row = {}
@@ -884,7 +886,7 @@ def references_table(results="results", setting: str = "angle", dims="16,64,384"
     "Mean ± std over seeds of the tasks' mean score x100 at the last layer and each prefix size: the methods, the untrained model and each reference fitted on it (CSR at the prefix's bytes), from results/baselines and results/references."
     summary = _with_references(results, setting)
     chosen = _tasks(tasks, summary)
-    stats = seed_stats(summary, chosen, _one_metric(chosen)).set_index(["method", "layer", "dim"])
+    stats = seed_stats(summary, chosen, _one_metric(chosen, summary)).set_index(["method", "layer", "dim"])
     layer, rows = int(summary.layer.max()), {}
     for m in [*_methods(methods, list(dict.fromkeys(summary.method))), "untrained", *REFERENCE_METHODS]:
         row = {}
@@ -970,7 +972,7 @@ def vs_mrl_figure(results="results", setting: str = "angle", methods=None, tasks
     "One layer x prefix-dim map per method (figures.difference_chart, one shared scale): its mean score minus MRL's in points (the tasks' mean, then the seeds' mean; blue: ahead of MRL)."
     summary, _ = _baselines(results, setting)
     chosen_tasks = _tasks(tasks, summary)
-    metric = _one_metric(chosen_tasks)
+    metric = _one_metric(chosen_tasks, summary)
     st = seed_stats(summary, chosen_tasks, metric)
     chosen = _methods(methods, [m for m in dict.fromkeys(summary.method) if m not in ("mrl", "untrained")])
     span = max(float(np.nanmax(np.abs(delta_table(st, m).values))) for m in chosen) or 1.0
