@@ -9,7 +9,6 @@ c = cfg["DEFAULT"]
 
 requirements = c["requirements"].split() + c["nbdev_requirements"].split()
 dev_requirements = c["dev_requirements"].split()
-mpnet_requirements = c["mpnet_requirements"].split()
 
 setuptools.setup(
     name=c["lib_name"],
@@ -26,7 +25,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=[c["lib_name"], c["lib_name"] + ".*"]),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={"dev": dev_requirements, "mpnet": mpnet_requirements},
+    extras_require={"dev": dev_requirements},
     entry_points={
         "console_scripts": c["console_scripts"].split(),
         "nbdev": [f"{c['lib_name']}={c['lib_name']}._modidx:d"],

@@ -1,4 +1,4 @@
-"""What a study costs on the second backbone (all-mpnet-base-v2, the `mpnet` extra) against the embedded all-MiniLM-L6-v2,
+"""What a study costs on the second backbone (all-mpnet-base-v2, `requirements/mpnet.txt`) against the embedded all-MiniLM-L6-v2,
 measured side by side in one run.
 
     python bench/backbone_cost.py [--data-dir DIR] [--methods mrl 2dmse mic] [--steps 5] [--rounds 2] [--texts 256]

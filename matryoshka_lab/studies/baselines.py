@@ -77,7 +77,7 @@ SETTINGS = {"simcse": {},   # the TrainConfig defaults: SimCSE on wiki_sents, 20
 # mipic from a cold start: the top 3 layers re-drawn (reinit_top_layers), as far from sentence-similarity training as a
 # pretrained encoder gets here (no MLM checkpoint is at hand offline)
 SETTINGS["cold"] = {**SETTINGS["mipic"], "reinit_layers": 3}
-# the angle setting on the second backbone, all-mpnet-base-v2 (the `mpnet` extra): 12 layers make 2DMSE's layer axis richer;
+# the angle setting on the second backbone, all-mpnet-base-v2 (`requirements/mpnet.txt`): 12 layers make 2DMSE's layer axis richer;
 # a run takes about 40 min on 2 cores, so it keeps its newest checkpoint every 50 steps and a cut run resumes from it
 SETTINGS["angle_mpnet"] = {**SETTINGS["angle"], "model": "mpnet", "dims": (16, 32, 64, 128, 256, 512, 768),
                            "checkpoint_every": 50, "keep_checkpoints": 1}
