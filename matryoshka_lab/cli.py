@@ -404,8 +404,10 @@ def _train(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     "Entry point of the `matryoshka-lab` console script."
-    args = build_parser().parse_args(argv)
-    rc = 0
+    args, rc = build_parser().parse_args(argv), 0
+    if getattr(args, "no_progress", False):   # transformers' bars too ("Loading weights", "Writing model shards")
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     try:
         if args.command == "demo":
             run_demo(args.data_dir, args.out, args.model, progress=not args.no_progress, precision=args.precision)
@@ -417,12 +419,10 @@ def main(argv: list[str] | None = None) -> int:
             _fractal(args)
         elif args.command == "tutorial":
             from matryoshka_lab.tutorial import copy_tutorial
-            out = copy_tutorial(args.dest)
-            print(f"Wrote {out}: open it with `jupyter lab {out}` (runs and outputs stay in your copy)")
+            print(f"Wrote {(out := copy_tutorial(args.dest))}: open it with `jupyter lab {out}` (runs and outputs stay in your copy)")
         elif args.command == "tasks":
             from matryoshka_lab.data import TASKS
-            for t in TASKS.values():
-                print(f"{t.name:20s} {t.kind}")
+            print("\n".join(f"{t.name:20s} {t.kind}" for t in TASKS.values()))
             print("or a path to your own data: a CSV / JSONL / Parquet file, a folder of train.* and test.* files, a BEIR "
                   "folder or a datasets folder; its kind from its columns (nbs/03_data.ipynb)")
     except (ValueError, FloatingPointError, OSError) as err:  # bad arguments or data, a diverged run, a full disk: one line

@@ -157,6 +157,7 @@ def test_eval_in_bf16_is_close_to_fp32(tmp_path):
     for precision in ("fp32", "bf16"):
         res = run("eval", *common, "--precision", precision, "--out", str(tmp_path / f"{precision}.csv"))
         assert res.returncode == 0, res.stderr[-3000:]
+        assert "Loading weights" not in res.stderr and "it/s]" not in res.stderr, res.stderr   # --no-progress: no bar
         grids[precision] = pd.read_csv(tmp_path / f"{precision}.csv").set_index(["task", "layer", "dim", "metric"]).value
     diff = (grids["bf16"] - grids["fp32"]).abs()
     assert len(diff) == 4 and diff.max() < 0.5 and diff.max() > 0, diff
