@@ -223,6 +223,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple = ()) -> TrainCon
     values = _yaml(path.read_text(encoding="utf-8"), f"config file {str(path)!r}") or {}
     if not isinstance(values, dict):
         raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values")
+    if not values and not overrides:   # an empty file would train every default (SimCSE on wiki_sents) without a word
+        raise ValueError(f"config file {str(path)!r} holds no settings: name at least `method` (configs/ holds one per method)")
     return make_config(values, overrides)
 
 # %% ../nbs/09_config.ipynb #08ac06
