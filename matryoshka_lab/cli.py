@@ -364,15 +364,15 @@ def _error_line(err: BaseException) -> None:
 
 def _train(args) -> int:
     from matryoshka_lab.config import load_config
-    from matryoshka_lab.trainer import Trainer
+    from matryoshka_lab.trainer import Trainer, checked_eval_tasks
     cfg = load_config(args.config, args.overrides)   # config errors surface here, before any process starts
-    if args.data_dir:
-        cfg = dataclasses.replace(cfg, data_dir=args.data_dir)
+    cfg = dataclasses.replace(cfg, data_dir=args.data_dir) if args.data_dir else cfg
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         if cfg.batch_size % args.nproc:
             raise ValueError(f"batch_size {cfg.batch_size} (the global batch) must be divisible by --nproc {args.nproc}")
+        checked_eval_tasks(cfg)                       # a bad eval task: one line before any process starts
         print(f"matryoshka-lab train: {args.nproc} processes (torchrun)", flush=True)
         return _torchrun(args)
     main_process = os.environ.get("RANK", "0") == "0"

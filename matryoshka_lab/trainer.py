@@ -28,7 +28,7 @@ from .losses import read_floats
 from .methods import BatchDraw, Callback, CancelFit, TrainData, get_method
 from .provenance import USED_FILE, data_changes, data_record, read_used, trained_on, used_record
 from .recipe import check_negatives, load_encoder, make_loss, training_data
-from .run_references import own_cells, run_fit_set, run_grid
+from .run_references import checked_eval_tasks, own_cells, run_fit_set, run_grid
 from .runs import RunLock, RunLog, check_run_files, write_atomic, write_json
 from .views import CachedViews, method_views
 
@@ -53,14 +53,7 @@ def preflight(cfg: TrainConfig, encoder: Encoder, evaluation: bool = True) -> li
         except ValueError as err:
             value = getattr(cfg, key)
             raise ValueError(f"{key} {list(value) if isinstance(value, tuple) else value!r}: {err}") from None
-    from matryoshka_lab.eval import task_texts
-    tasks = [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
-    for t in tasks:                  # a task with nothing to score (unlabelled sentences) fails now, not after training
-        try:
-            task_texts(t)
-        except ValueError as err:
-            raise ValueError(f"eval_tasks: {err} (evaluation scores STS, classification, pair, hierarchy and retrieval "
-                             "tasks)") from None
+    tasks = checked_eval_tasks(cfg)                   # loaded, each with something to score
     run_fit_set(cfg, tasks, encoder.hidden_size)      # eval_transforms' fit set: checked now, fitted at the end
     return tasks
 

@@ -171,6 +171,18 @@ def test_nproc_must_divide_the_batch(tmp_path):
     assert res.stderr.strip().splitlines()[-1] == "error: batch_size 8 (the global batch) must be divisible by --nproc 3"
 
 
+def test_nproc_checks_the_eval_tasks_before_its_processes_start(tmp_path):
+    "A task with nothing to score under --nproc 2: one error line from this process, no worker started, no model loaded."
+    (tmp_path / "one.csv").write_text("sentence1,sentence2,score\na cat sits,a cat is sitting,4.8\n")
+    res = subprocess.run(train_cmd(ROOT / "configs" / "mrl.yaml", tmp_path / "run", "batch_size=8",
+                                   f"eval_tasks=[{tmp_path / 'one.csv'}]") + ["--nproc", "2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "processes (torchrun)" not in res.stdout, res.stdout + res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == ("error: eval_tasks: task 'one' has 1 scored pair(s): Spearman's correlation "
+                                                   "needs two pairs or more with different scores (evaluation scores STS, "
+                                                   "classification, pair, hierarchy and retrieval tasks)"), res.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 class CancelAt(Callback):
     "Stop training cleanly after step `at` (what an interrupted session looks like to the run directory)."
     def __init__(self, at):
