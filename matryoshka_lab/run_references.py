@@ -46,7 +46,7 @@ def run_grid(encoder, cfg, tasks: list, final: bool = False, progress: bool = Fa
     "The run's evaluation of the loaded eval `tasks` at cfg.eval_layers x (cfg.eval_dims or dims); at the `final` one with cfg.eval_transforms, each reference fitted now on `encoder` and scored beside its own cells (a `transform` column), saved to RUN_DIR/transforms/KIND."
     dims = parse_dims(cfg.eval_dims or list(cfg.dims), encoder.hidden_size)
     kinds, fit = run_fit_set(cfg, tasks, encoder.hidden_size) if final else ([], None)
-    if fit is not None and fit.excluded and notes:
+    if fit is not None and fit.excluded and progress:
         print(f"note: {fit.excluded:,} texts of {fit.source} are among those the evaluation scores: left out of the "
               "references' fit", file=sys.stderr)
     shared = SharedEncoding(encoder)                      # the fit set encoded once for all of them
