@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -80,12 +83,21 @@ class Transform:
         return {}
 
     def save(self, folder) -> Path:
-        "transform.json (describe(), dim and the class, 'module:Name') and transform.npz (arrays() and the fit texts' hashes) in folder; load_transform reads them."
+        "transform.json (describe(), dim and the class, 'module:Name') and transform.npz (arrays() and the fit texts' hashes) in folder, written beside it first and moved into place: a save cut short leaves the folder as it was (or, between the two moves, none and FOLDER's .old copy); load_transform reads them."
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / "transform.npz", hashes=np.array(sorted(self.hashes), dtype=str), **self.arrays())
-        meta = {**self.describe(), "dim": self.dim, "class": f"{type(self).__module__}:{type(self).__qualname__}"}
-        (folder / "transform.json").write_text(json.dumps(meta, indent=1) + "\n")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        work, old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent)), folder.with_name(f".{folder.name}.old")
+        try:
+            np.savez(work / "transform.npz", hashes=np.array(sorted(self.hashes), dtype=str), **self.arrays())
+            meta = {**self.describe(), "dim": self.dim, "class": f"{type(self).__module__}:{type(self).__qualname__}"}
+            (work / "transform.json").write_text(json.dumps(meta, indent=1) + "\n")
+            shutil.rmtree(old, ignore_errors=True)
+            if folder.exists():
+                os.replace(folder, old)
+            os.replace(work, folder)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
         return folder
 
     @classmethod
