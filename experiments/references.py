@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from matryoshka_lab.core import provenance
+from matryoshka_lab.core import provenance, resolve_data_dir
 from matryoshka_lab.data import load_task
 from matryoshka_lab.encoder import Encoder
 from matryoshka_lab.eval import evaluate, parse_precisions, task_texts
@@ -104,7 +104,7 @@ def main():
     cfg = baseline_config("mrl", 0, "RUN_DIR", a.setting, data_dir=a.data_dir)
     names = list(a.tasks or EVAL_TASKS[a.setting])
     if a.mrpc_beir:
-        names.append(str(write_mrpc_beir(Path(a.mrpc_beir), cfg.data_dir)))
+        names.append(str(write_mrpc_beir(Path(a.mrpc_beir), resolve_data_dir(cfg.data_dir))))
     precisions, layers = parse_precisions(a.precisions), a.layers or cfg.eval_layers
     max_length = a.max_length or cfg.max_length
     enc = Encoder.from_pretrained(cfg.model, max_length=max_length)
