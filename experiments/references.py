@@ -121,9 +121,9 @@ def main():
             fitted.append(fit_reference(kind, shared, fit, layers, seed=seed, dims=cfg.dims, progress=True))
             fits[f"{kind}_seed{seed}"] = {**fitted[-1].describe(), "fit_seconds": round(time.perf_counter() - t0, 1)}
             print(f"seed {seed}: {kind} fitted in {fits[f'{kind}_seed{seed}']['fit_seconds']} s", file=sys.stderr)
-        grid = evaluate(shared, tasks, layers=layers, dims=dims, data_dir=cfg.data_dir, transform=fitted,
-                        precisions=precisions)   # (shared: the evaluation's texts encoded once, for every seed)
         own = set(committed.task[committed.method == "untrained"]) if committed is not None else set()
+        grid = evaluate(shared, tasks, layers=layers, dims=dims, data_dir=cfg.data_dir, precisions=precisions,
+                        transform=[None, *fitted])   # (shared: the evaluation's texts encoded once, for every seed)
         grid = grid[(grid["transform"] != "none") | (~grid.task.isin(own) & (seed == a.seeds[0]))]   # its own: where not committed
         rows.append(grid.assign(method=("untrained+" + grid["transform"]).str.replace("+none", ""), seed=seed,
                                 setting=a.setting).drop(columns="transform"))

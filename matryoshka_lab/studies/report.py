@@ -872,14 +872,17 @@ LABELS.update({"base_d16": "base, trained for d = 16 alone", "base_d64": "base, 
                "untrained+csr": "untrained + CSR (the prefix's bytes)"})
 
 def _with_references(results, setting: str) -> pd.DataFrame:
-    "results/baselines/SETTING's rows and results/references/SETTING's, a CSR code of k active units placed at the prefix size of its bytes (8 k = 4 d: d = 2 k)."
+    "results/baselines/SETTING's rows and results/references/SETTING's, a CSR code of k active units placed at the prefix size of its bytes (8 k = 4 d: d = 2 k), the untrained model's rows given to every seed (it has none: a method's seed s is paired with the same untrained cells)."
     path = Path(results) / "references" / setting / "summary.csv"
     if not path.is_file():
         raise ValueError(f"no result file {str(path)!r}: run `python experiments/references.py --setting {setting}`")
     refs = pd.read_csv(path)
     csr = refs.method == "untrained+csr"
     refs.loc[csr, "dim"] = 2 * refs.loc[csr, "dim"]
-    return pd.concat([_baselines(results, setting)[0], refs], ignore_index=True)
+    both = pd.concat([_baselines(results, setting)[0], refs], ignore_index=True)
+    seeds, own = sorted(set(both.seed)), both[both.method == "untrained"]   # the untrained model has no seed: the same
+    copies = [own[own.seed == own.seed.min()].assign(seed=s) for s in seeds if s not in set(own.seed)]   # rows for each
+    return pd.concat([both, *copies], ignore_index=True)
 
 def references_table(results="results", setting: str = "angle", dims="16,64,384", methods="mrl,2dmse,base,base_d16,base_d64",
                      tasks: str = "sts") -> str:
