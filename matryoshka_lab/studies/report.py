@@ -109,8 +109,7 @@ def _tasks(tasks: str, summary: pd.DataFrame) -> list[str]:
 
 def _one_metric(tasks: list[str], summary: pd.DataFrame) -> str:
     "The papers' metric the tasks share (a cell that averages tasks averages one metric); a task of your own (a folder by path: not registered) has the first of the papers' metrics its rows hold."
-    own = lambda t: next((m for m in TASK_METRIC.values() if m in set(summary.metric[summary.task == t])), "spearman")
-    metrics = sorted({task_metric(t) if t in TASKS else own(t) for t in tasks})
+    metrics = sorted({task_metric(t) if t in TASKS else next((m for m in TASK_METRIC.values() if m in set(summary.metric[summary.task == t])), "spearman") for t in tasks})
     if len(metrics) > 1:
         raise ValueError(f"tasks {tasks} are scored in different metrics ({', '.join(metrics)}): a cell averages one")
     return metrics[0]
@@ -877,12 +876,10 @@ def _with_references(results, setting: str) -> pd.DataFrame:
     if not path.is_file():
         raise ValueError(f"no result file {str(path)!r}: run `python experiments/references.py --setting {setting}`")
     refs = pd.read_csv(path)
-    csr = refs.method == "untrained+csr"
-    refs.loc[csr, "dim"] = 2 * refs.loc[csr, "dim"]
+    refs.loc[refs.method == "untrained+csr", "dim"] *= 2
     both = pd.concat([_baselines(results, setting)[0], refs], ignore_index=True)
-    seeds, own = sorted(set(both.seed)), both[both.method == "untrained"]   # the untrained model has no seed: the same
-    copies = [own[own.seed == own.seed.min()].assign(seed=s) for s in seeds if s not in set(own.seed)]   # rows for each
-    return pd.concat([both, *copies], ignore_index=True)
+    own = both[both.method == "untrained"]                 # no seed: its cells given to every seed
+    return pd.concat([both, *(own[own.seed == own.seed.min()].assign(seed=s) for s in sorted(set(both.seed) - set(own.seed)))], ignore_index=True)
 
 def references_table(results="results", setting: str = "angle", dims="16,64,384", methods="mrl,2dmse,base,base_d16,base_d64",
                      tasks: str = "sts") -> str:
