@@ -2,7 +2,7 @@
 (unsupervised, supervised) and CSR, and trained runs' own PCA, beside the methods of results/baselines/NAME.
 
     python experiments/references.py [--setting angle] [--name NAME] [--tasks TASK ...] [--layers all]
-                                     [--precisions float32] [--max-length N] [--seeds 0 1 2] [--runs OUT --trained METHOD ...]
+                                     [--precisions float32] [--max-length N] [--seeds 0 1 2] [--runs OUT --trained METHOD ... [--trained-only]]
                                      [--mrpc-beir DIR] [--data-dir DIR] [--results results/references]
 
 Every reference is fitted on the setting's train task (STS-B train for angle) less every text the evaluation scores
@@ -15,6 +15,10 @@ float32 prefix: 8 active units x 8 bytes = 64), at every --precisions (retrieval
 same method and seed trained again), each with a PCA fitted on its own model's encoding of the same fit set: rows
 METHOD+pca, and the run's own rows METHOD (kept only where results/baselines/NAME has none, as on a folder of your own;
 elsewhere they are compared with the committed ones in meta.json's "reproduction": the largest absolute difference).
+
+--trained-only keeps RESULTS/NAME as written (its untrained references, their fits and what made them, under
+"untrained_from" in meta.json) and adds the --trained runs' rows, replacing any of theirs: the untrained references
+are not fitted again.
 
 --mrpc-beir DIR writes MRPC's test paraphrases as a BEIR folder at DIR (queries: sentence1 of the pairs labelled
 paraphrases; corpus: every sentence2; qrels: the pairs) and scores it by path, as a folder of your own.
@@ -94,6 +98,7 @@ def main():
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--runs", default=None, help="the folder of trained runs (METHOD_seedS) for --trained")
     p.add_argument("--trained", nargs="*", default=[], help="methods whose runs in --runs get a PCA of their own")
+    p.add_argument("--trained-only", action="store_true", help="keep RESULTS/NAME's untrained rows; add the --trained runs' only")
     p.add_argument("--mrpc-beir", default=None, help="write MRPC's test paraphrases as a BEIR folder here and score it")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--results", default="results/references")
@@ -101,6 +106,9 @@ def main():
     if a.trained and not a.runs:
         p.error("--trained needs --runs, the folder of the trained runs")
     name = a.name or a.setting
+    out = Path(a.results) / name
+    if a.trained_only and not (a.trained and (out / "summary.csv").is_file() and (out / "meta.json").is_file()):
+        p.error(f"--trained-only needs --trained and the results it adds to, {out / 'summary.csv'} and meta.json")
     cfg = baseline_config("mrl", 0, "RUN_DIR", a.setting, data_dir=a.data_dir)
     names = list(a.tasks or EVAL_TASKS[a.setting])
     if a.mrpc_beir:
@@ -113,20 +121,30 @@ def main():
     fit = fit_set(REFERENCES, cfg.train_task, cfg.data_dir, exclude=scored, width=enc.hidden_size)
     dims, shared = sorted({CSR_K, *cfg.dims}), SharedEncoding(enc)   # every text encoded once for every reference and seed
     committed = read_results(Path("results/baselines") / name)[0] if (Path("results/baselines") / name).is_dir() else None
-    rows, fits, checks = [], {}, {}
+    rows, fits, checks, kept = [], {}, {}, {}
+    if a.trained_only:
+        kept = json.loads((out / "meta.json").read_text())
+        was = (kept["eval_tasks"], str(kept["layers"]), kept.get("precisions", ["float32"]))   # (older files: float32)
+        if was != ([t.name for t in tasks], str(layers), precisions):
+            raise SystemExit(f"error: {out} was scored on {was[0]} at layers {was[1]}, {was[2]}: give --tasks, --layers "
+                             "and --precisions as it was written")
+        old = pd.read_csv(out / "summary.csv")
+        rows.append(old[~old.method.isin([*a.trained, *(m + "+pca" for m in a.trained)])])
+        fits = {k: v for k, v in kept["references"].items() if not any(k.startswith(m + "+pca_") for m in a.trained)}
     for seed in a.seeds:
         fitted = []
-        for kind in REFERENCES:
+        for kind in REFERENCES if not a.trained_only else ():
             t0 = time.perf_counter()
             fitted.append(fit_reference(kind, shared, fit, layers, seed=seed, dims=cfg.dims, progress=True))
             fits[f"{kind}_seed{seed}"] = {**fitted[-1].describe(), "fit_seconds": round(time.perf_counter() - t0, 1)}
             print(f"seed {seed}: {kind} fitted in {fits[f'{kind}_seed{seed}']['fit_seconds']} s", file=sys.stderr)
-        own = set(committed.task[committed.method == "untrained"]) if committed is not None else set()
-        grid = evaluate(shared, tasks, layers=layers, dims=dims, data_dir=cfg.data_dir, precisions=precisions,
-                        transform=[None, *fitted])   # (shared: the evaluation's texts encoded once, for every seed)
-        grid = grid[(grid["transform"] != "none") | (~grid.task.isin(own) & (seed == a.seeds[0]))]   # its own: where not committed
-        rows.append(grid.assign(method=("untrained+" + grid["transform"]).str.replace("+none", ""), seed=seed,
-                                setting=a.setting).drop(columns="transform"))
+        if fitted:
+            own = set(committed.task[committed.method == "untrained"]) if committed is not None else set()
+            grid = evaluate(shared, tasks, layers=layers, dims=dims, data_dir=cfg.data_dir, precisions=precisions,
+                            transform=[None, *fitted])   # (shared: the evaluation's texts encoded once, for every seed)
+            grid = grid[(grid["transform"] != "none") | (~grid.task.isin(own) & (seed == a.seeds[0]))]   # its own: where not committed
+            rows.append(grid.assign(method=("untrained+" + grid["transform"]).str.replace("+none", ""), seed=seed,
+                                    setting=a.setting).drop(columns="transform"))
         for method in a.trained:
             got, fits[f"{method}+pca_seed{seed}"], checks[f"{method}_seed{seed}"] = trained_rows(
                 method, seed, a.runs, a.setting, tasks, fit, layers, dims, precisions, committed, max_length)
@@ -134,14 +152,15 @@ def main():
             print(f"seed {seed}: {method} and its PCA scored; its own cells against the committed: "
                   f"{checks[f'{method}_seed{seed}']}", file=sys.stderr)
     summary = pd.concat(rows, ignore_index=True).assign(value=lambda d: d.value.round(4))
-    out = Path(a.results) / name
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "summary.csv", summary.to_csv(index=False))
     meta = {"setting": a.setting, "model": cfg.model, "seeds": a.seeds, "dims": dims, "layers": layers, "max_length": max_length,
             "precisions": precisions, "eval_tasks": [t.name for t in tasks],
             "fit_set": {"source": fit.source, "texts": len(fit.texts), "excluded": fit.excluded, "pairs": len(fit.pairs[0])},
-            "references": fits, **({"reproduction": checks} if checks else {}),
-            **provenance("python experiments/references.py " + shlex.join(sys.argv[1:]))}
+            "references": fits, **({"reproduction": {**kept.get("reproduction", {}), **checks}} if checks else {}),
+            **provenance("python experiments/references.py " + shlex.join(sys.argv[1:])),
+            **({"untrained_from": kept.get("untrained_from") or {k: kept[k] for k in ("command", "commit", "written")}}
+               if a.trained_only else {})}
     write_atomic(out / "meta.json", json.dumps(meta, indent=1, default=str) + "\n")
     top = summary[(summary.layer == summary.layer.max()) & ~summary.task.str.endswith("_dev")
                   & summary.metric.isin(["spearman", "ndcg_at_10"])]
