@@ -86,7 +86,7 @@ def run_evals(root: str | Path, name: str, tail: MetricsTail | None = None) -> p
     "A run's logged layer x dim evaluations (eval_grids' table), from its metrics.jsonl (or the tail given, polled by the caller)."
     tail = tail or MetricsTail(run_file(root, name, "metrics.jsonl"), root=root)
     if tail.lines == 0:
-        tail.poll()
+        tail.poll(float("inf"))                           # every record, however long the log
     names = {n for s, n in tail.series if s != "train" and GRID_NAME.match(n)}
     return eval_grids(tail.frame(names) if names else pd.DataFrame(columns=["split", "name", "step", "value"]))
 

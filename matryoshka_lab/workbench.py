@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import pandas as pd
 import panel as pn
 
 from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, fractal_results,
     is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
-    prefix_splits, read_file, resolve_run, run_file, runs_root, safe_runs, snapshot_figure, snapshot_label, steerability_curves)   # (a long last line: nbdev makes this import relative only then)
+    read_file, resolve_run, run_file, runs_root, safe_runs)   # (a long last line: nbdev makes this import relative only then)
+from .run_figures import prefix_splits, snapshot_figure, snapshot_label, steerability_curves
 from .compare import PrefixCompare, compare_bars
 from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, chart_exports, figure_pane, fit, tab, with_exports
 from .grid_tabs import BudgetBrowser, GridBrowser, offer
@@ -32,7 +32,7 @@ from .serving import jupyter_origins, serve_here
 from .plots import headline, plot_grid
 
 # %% auto #0
-__all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
+__all__ = ['PERIOD_MS', 'POLL_BUDGET_S', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
            'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB', 'client_allowed',
            'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
            'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
@@ -40,6 +40,7 @@ __all__ = ['PERIOD_MS', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
+POLL_BUDGET_S = 0.2    # a poll reads on (MetricsTail.max_bytes at a time) this long at most: a huge log over several ticks
 SLOW_EVERY = 10        # ticks between re-listing runs and snapshots (5 s)
 PLOT_EVERY_S = 1.0     # curves are redrawn at most this often; the step pane on every tick
 STEP_CLASS = "ml-step" # the element showing "step N" (tests find it by this class)
@@ -264,14 +265,16 @@ class MonitorMixin:
         "Read what the open run appended; update the step pane and status; returns the number of new records."
         if self.tail is None:
             return 0
-        new = self.tail.poll()
-        if self.tail.last_step is not None:
-            self.step.object = f"step {self.tail.last_step}"
-        if self.tail.missing:
+        new, t = self.tail.poll(POLL_BUDGET_S), self.tail      # the server answers other requests between two polls
+        if t.last_step is not None:
+            self.step.object = f"step {t.last_step}"
+        if t.missing:
             self.status.object = ("metrics.jsonl is missing (run not started, or deleted) or not a regular file: "
                                   "showing what was read")
-        elif self.tail.bad:
-            self.status.object = f"{self.tail.bad} malformed line(s) skipped"
+        elif t.size - t.offset > t.max_bytes:            # behind (a half-written last line is not)
+            self.status.object = f"reading metrics.jsonl: {t.offset / 2**20:.0f} of {t.size / 2**20:.0f} MB so far ..."
+        elif t.bad or self.status.object.startswith("reading metrics.jsonl"):
+            self.status.object = f"{t.bad} malformed line(s) skipped" if t.bad else ""
         if new:
             self._dirty = True
             self._update_choices()
@@ -419,13 +422,11 @@ class SnapshotMixin:
             self.snap_plot.object = fit(empty_figure(text))
             return
         at_end = self.snap_slider.value == (self.snap_slider.options or [None])[-1]
-        if steps != list(self.snap_slider.options):
+        changed = steps != list(self.snap_slider.options)
+        if changed:
             value = steps[-1] if (follow or at_end or self.snap_slider.value not in steps) else self.snap_slider.value
-            self.snap_slider.options = steps
-            self.snap_slider.value = value
-            self.snap_slider.visible = True
-            self.draw_snapshot()
-        elif follow:
+            self.snap_slider.options, self.snap_slider.value = steps, value
+        if changed or follow:
             self.snap_slider.visible = True
             self.draw_snapshot()
 
@@ -489,8 +490,7 @@ class SteerabilityMixin:
         "What produces the steerability curves and NC1 grids the open run lacks ('' when it has both or no run is open)."
         if self.run_dir is None:
             return ""
-        run = self.picker.value
-        lines = []
+        run, lines = self.picker.value, []
         if "nc1" not in list_arrays(self.run_dir):
             lines.append("**NC1** (within- over between-class scatter of each layer and prefix) is measured on a "
                          "labelled probe by distillation runs (`method: distill_nc`, nbs/17_distill); this run has none.")
@@ -626,7 +626,7 @@ class CompareMixin:
                     self._cmp_tails[name] = MetricsTail(run_file(self.root, name, "metrics.jsonl"), root=self.root)
                 except ValueError:
                     continue
-            self._cmp_tails[name].poll()
+            self._cmp_tails[name].poll(float("inf"))          # the whole log: a comparison as of a step needs every record
         for gone in set(self._cmp_tails) - set(self.cmp_runs.value):
             del self._cmp_tails[gone]
         return {name: self._cmp_tails[name] for name in self.cmp_runs.value if name in self._cmp_tails}
@@ -641,7 +641,7 @@ class CompareMixin:
 
     def refresh_compare(self) -> None:
         "Redo the comparison if a compared run appended anything (runs still training stay current)."
-        if sum(t.poll() for t in self._cmp_tails.values()):
+        if sum(t.poll(POLL_BUDGET_S) for t in self._cmp_tails.values()):
             self.compare()
 
 # %% ../nbs/24_workbench.ipynb #20c027b

@@ -143,10 +143,12 @@ def test_tail_survives_truncation_replacement_and_deletion(tmp_path):
 
 
 def test_tail_100k_lines_initial_read_and_one_tick(tmp_path):
-    "100k lines: the first poll equals a full re-read on the exact latest values, memory stays bounded, a tick reads only new lines."
+    "100k lines: one poll reads max_bytes, one with an unbounded budget all of it, equal to a full re-read on the exact latest values; memory stays bounded, a tick reads only new lines."
     path = write_big_log(tmp_path / "metrics.jsonl", 100_000)
+    once = MetricsTail(path, max_points=2000)
+    assert 0 < once.poll() < 100_000 and once.max_bytes - 1000 < once.offset <= once.max_bytes   # up to its last whole line
     tail = MetricsTail(path, max_points=2000)
-    assert tail.poll() == 100_000 and tail.offset == path.stat().st_size
+    assert tail.poll(float("inf")) == 100_000 and tail.offset == path.stat().st_size
     df = parse_metrics(path.read_text())
     want = df.sort_values("step").groupby("name").tail(1).set_index("name")
     got = tail.latest().loc["train"]

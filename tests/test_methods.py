@@ -51,7 +51,7 @@ LAYERS = {   # the README's picture, bottom up: a module imports only modules of
     "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "provenance", "run_references", "trainer", "launch",
                  "gradients"),
     "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
-    "apps": ("tutorial", "transform_export", "cli", "st_loss", "dashboard", "exports", "grid_tabs", "evaluations", "explorer", "compare", "notebook_copy", "serving", "workbench", "deploy", "watch")}
+    "apps": ("tutorial", "transform_export", "cli", "st_loss", "dashboard", "run_figures", "exports", "grid_tabs", "evaluations", "explorer", "compare", "notebook_copy", "serving", "workbench", "deploy", "watch")}
 
 
 def test_each_layer_imports_only_its_own_and_those_below():
