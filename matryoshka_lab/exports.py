@@ -5,6 +5,7 @@
 # %% ../nbs/22_exports.ipynb #22x002
 from __future__ import annotations
 
+import html
 import io
 import re
 
@@ -15,7 +16,7 @@ from .plots import to_matplotlib
 
 # %% auto #0
 __all__ = ['SIZE', 'EXPORT_FORMATS', 'SIDEBAR', 'FIGURE_HEIGHT', 'GRID_HEIGHT', 'parse_size', 'figure_export', 'export_row',
-           'chart_exports', 'fit', 'figure_pane', 'with_exports', 'tab']
+           'chart_exports', 'fit', 'figure_pane', 'with_exports', 'text_options', 'tab']
 
 # %% ../nbs/22_exports.ipynb #22x005
 SIZE = "3.5 x 2.5"     # inches, width x height: a one-column figure
@@ -84,6 +85,10 @@ def figure_pane(fig, height: int = FIGURE_HEIGHT) -> pn.pane.Plotly:
 def with_exports(pane: pn.pane.Plotly, stem: str) -> pn.Column:
     "A figure pane over the export buttons of the figure it shows at click time."
     return pn.Column(pane, export_row(lambda: pane.object, stem), sizing_mode="stretch_width")
+
+def text_options(names) -> dict:
+    "A MultiChoice's options, {label: name}, each label HTML-escaped: Bokeh's choices.js renders labels as HTML, so a run or metric named `<img onerror=...>` would run as code."
+    return {html.escape(str(n)): n for n in names}
 
 def tab(name: str, controls: list, *figures) -> pn.Row:
     "A tab: its controls in a sidebar SIDEBAR px wide, its figures one under the other in the width left."

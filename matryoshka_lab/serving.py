@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -14,7 +17,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['SERVER_LOG', 'Served', 'jupyter_origins', 'free_port', 'quiet_server_logs', 'serve_here']
+__all__ = ['LOOPBACK_HOSTS', 'REFUSED', 'SERVER_LOG', 'client_allowed', 'host_allowed', 'session_allowed', 'Served',
+           'jupyter_origins', 'free_port', 'quiet_server_logs', 'serve_here']
+
+# %% ../nbs/23_serving.ipynb #23s009
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+REFUSED = "This workbench is served to this machine only (open it at 127.0.0.1 or localhost)."   # a refused session's page
+
+def client_allowed(ip: str | None, env=os.environ) -> bool:
+    "Loopback clients always; others only with MATRYOSHKA_LAB_ALLOW_REMOTE=1 (an unknown address counts as remote)."
+    if env.get("MATRYOSHKA_LAB_ALLOW_REMOTE") == "1":
+        return True
+    try:
+        return ipaddress.ip_address((ip or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+def host_allowed(host: str | None, env=os.environ) -> bool:
+    "A request's Host header naming the loopback (LOOPBACK_HOSTS, with or without a port), or any with MATRYOSHKA_LAB_ALLOW_REMOTE=1: another name may be a DNS-rebinding page."
+    if env.get("MATRYOSHKA_LAB_ALLOW_REMOTE") == "1":
+        return True
+    name = re.fullmatch(r"(\[[0-9a-f:.]+\]|[^:\[\]]+)(?::\d{1,5})?", (host or "").strip().lower())   # NAME or [V6], then :PORT
+    return name is not None and name[1] in LOOPBACK_HOSTS
+
+def session_allowed(env=os.environ) -> bool:
+    "Whether the Bokeh session being created (panel's curdoc) comes from a loopback client (client_allowed) under a loopback Host (host_allowed)."
+    import panel as pn
+    request = getattr(getattr(pn.state.curdoc, "session_context", None), "request", None)
+    tornado = getattr(request, "_request", None)
+    return (client_allowed(getattr(tornado, "remote_ip", None), env)
+            and host_allowed((getattr(request, "headers", None) or {}).get("Host"), env))
 
 # %% ../nbs/23_serving.ipynb #23s005
 @dataclass
@@ -97,7 +129,7 @@ def serve_here(layout, tick: Callable[[], None], origins: list[str], period_ms: 
         asyncio.set_event_loop(asyncio.new_event_loop())
         try:
             made["loop"] = loop = IOLoop.current()
-            made["server"] = get_server(layout, port=port, address="127.0.0.1", loop=loop, show=False,
+            made["server"] = get_server(lambda: layout if session_allowed() else REFUSED, port=port, address="127.0.0.1", loop=loop, show=False,
                                         websocket_origin=[*origins, f"127.0.0.1:{port}"], title=title)
             made["server"].start()
             made["tick"] = PeriodicCallback(tick, period_ms)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
+import html
 import json
 import os
 import re
@@ -23,7 +23,7 @@ from .dashboard import (
     read_file, resolve_run, run_file, runs_root, safe_runs)   # (a long last line: nbdev makes this import relative only then)
 from .run_figures import prefix_splits, snapshot_figure, snapshot_label, steerability_curves
 from .compare import PrefixCompare, compare_bars
-from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, chart_exports, figure_pane, fit, tab, with_exports
+from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, chart_exports, figure_pane, fit, tab, text_options, with_exports
 from .grid_tabs import BudgetBrowser, GridBrowser, offer
 from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
 from .figures import Colours, spectra_chart
@@ -33,10 +33,10 @@ from .plots import headline, plot_grid
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'POLL_BUDGET_S', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB', 'client_allowed',
-           'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
-           'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
-           'Workbench', 'build_app', 'show']
+           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB', 'empty_figure',
+           'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'RunPickerMixin',
+           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
+           'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -52,14 +52,6 @@ SMOOTHING = 0.6        # the training curves' smoothing at first (TensorBoard's 
 TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
 TABLE_ROWS = 500       # rows of the Compare table at most (it says when it shows fewer than match)
 
-def client_allowed(ip: str | None, env=os.environ) -> bool:
-    "Loopback clients always; others only with MATRYOSHKA_LAB_ALLOW_REMOTE=1 (an unknown address counts as remote)."
-    if env.get("MATRYOSHKA_LAB_ALLOW_REMOTE") == "1":
-        return True
-    try:
-        return ipaddress.ip_address((ip or "").split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 # %% ../nbs/24_workbench.ipynb #20c009
 def empty_figure(text: str):
@@ -210,7 +202,7 @@ class RunPickerMixin:
         self.names = safe_runs(self.root)
         keep = [self.picker.value] if self.picker.value and self.picker.value not in self.names else []
         self.picker.options = self.names + keep
-        self.cmp_runs.options = self.names + [n for n in self.cmp_runs.value if n not in self.names]
+        self.cmp_runs.options = text_options(self.names + [n for n in self.cmp_runs.value if n not in self.names])
         for view in self.grid_views:
             view.picker.refresh()
 
@@ -287,8 +279,8 @@ class MonitorMixin:
         for which, widget, names, default in (("train", self.train_choice, train, default_train),
                                               ("eval", self.eval_choice, evals,
                                                lambda n: default_eval(n, self.first_eval_task()))):
-            if names != list(widget.options):
-                self._set(widget, names, default(names) if self._auto[which] else None)
+            if names != list(widget.values):
+                self._set(widget, text_options(names), default(names) if self._auto[which] else None)
 
     def _stamp(self, train: bool, names=None) -> tuple | None:
         "Where the open run's training (or other) series of `names` (None: all) stand: a new or replaced point, or the file read again from its start, changes it."
@@ -374,8 +366,7 @@ class EvalGridMixin:
         at = self._grids[self._grids.step == self.grid_slider.value]
         try:
             fig = plot_grid(at, task, metric)
-            cells = step_cells(self._grids)                  # a step a kill cut short (or still being written) says so
-            step = self.grid_slider.value
+            cells, step = step_cells(self._grids), self.grid_slider.value   # a step a kill cut short (or being written) says so
             partial = "" if cells.complete.get(step, True) else f", partial: {cells.cells[step]} of {cells.cells.max()} cells"
             title = f"{fig.layout.title.text}<br><sup>evaluated at step {step}{partial}</sup>"   # a narrow pane cuts one long line
             self.grid_plot.object = fit(fig.update_layout(title=title))
@@ -518,8 +509,8 @@ class CompareMixin:
         self._cmp_tails: dict[str, MetricsTail] = {}
         self._compared = False                           # compare() has run: the tab was shown, or a picker changed
         self._cmp_default, self._cmp_setting = True, False   # the runs are the session's choice (default_runs), not yet the user's
-        self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)", options=self.names,
-                                               value=[], width=SIDEBAR)
+        self.cmp_runs = pn.widgets.MultiChoice(label="Runs (the first is the reference)",
+                                               options=text_options(self.names), value=[], width=SIDEBAR)
         self.cmp_prefix = PrefixCompare(self.root, self.colours, SIDEBAR)
         self.cmp_pattern = pn.widgets.TextInput(label="Metric pattern (glob on the name, * for all)", value="",
                                                 placeholder="the eval grid at the last layer", width=SIDEBAR)
@@ -563,7 +554,7 @@ class CompareMixin:
                 self._cmp_setting = False
         tails = self._compared_tails()
         self.cmp_prefix.update(list(tails), tails)
-        pattern = self.cmp_pattern.value.strip()
+        pattern = self.cmp_pattern.value.strip()   # (shown in HTML below: escaped, as run names, methods, metric names)
         if not pattern:                                  # the eval grid at the reference run's last layer
             ref = next(iter(tails.values()), None)
             pattern = last_layer_pattern([n for s, n in ref.series if s != "train"]) if ref is not None else "*"
@@ -576,7 +567,7 @@ class CompareMixin:
         self.draw_compare_curves()
         if df.empty:
             self.cmp_table.object = ("<p>Nothing to compare: choose runs and a pattern matching their metric names "
-                                     f"(<code>{pattern}</code> matches none).</p>")
+                                     f"(<code>{html.escape(pattern)}</code> matches none).</p>")
             self.cmp_plot.object = fit(empty_figure("nothing to compare"))
             return
         deltas = [c for c in df.columns if str(c).startswith("Δ ")]
@@ -592,17 +583,17 @@ class CompareMixin:
                     f"background-color: {'#c8e6c9' if v * sign > 0 else '#ffcdd2'}" for c, v in row.items()]
 
         styler = table.style.format("{:.4g}", na_rep="–").format("{:.0f}", subset=["as of step"], na_rep="–")
-        styler = styler.apply(colour, axis=1)
+        styler = styler.apply(colour, axis=1).format_index(escape="html", axis=0).format_index(escape="html", axis=1)
         shown = f"the first {TABLE_ROWS} of {len(df)}" if len(df) > TABLE_ROWS else f"{len(df)}"
         when = (f"as of step {self.cmp_step.value}" if self.cmp_step.value is not None
                 else "as of the last step all the runs have reached")
-        note = (f"Each run's value of {shown} metric{'s' if len(df) > 1 else ''} matching <code>{pattern}</code>"
+        note = (f"Each run's value of {shown} metric{'s' if len(df) > 1 else ''} matching <code>{html.escape(pattern)}</code>"
                 + ("" if self.cmp_pattern.value.strip() else " (the eval grid at the last layer; type a glob for others)")
                 + f", {when}: each run's latest value by then (<i>as of step</i>; – where it had none)"
                 + ("; Δ = run minus the first run, green where it is better (a score higher, a loss or NC1 lower), "
                    "red where worse, plain where neither way is better" if deltas else "") + ".")
         if mixed:
-            note += (" <b>The runs train different methods</b> (" + ", ".join(f"{r}: {m}" for r, m in methods.items())
+            note += (" <b>The runs train different methods</b> (" + ", ".join(html.escape(f"{r}: {m}") for r, m in methods.items())
                      + "): their training losses are different quantities, so those rows do not say which run is better.")
         self.cmp_table.object = (f"<p>{note}</p><div style='max-height: {TABLE_HEIGHT}px; overflow-y: auto'>"
                                  + styler.to_html() + "</div>")

@@ -197,7 +197,7 @@ def test_runs_root_refuses_traversal_and_symlinks(tmp_path):
 
 
 def test_only_local_clients_by_default():
-    allowed = dash.client_allowed
+    from matryoshka_lab.serving import client_allowed as allowed
     assert allowed("127.0.0.1", {}) and allowed("::1", {})
     assert not allowed("192.168.1.5", {}) and not allowed(None, {}) and not allowed("garbage", {})
     assert allowed("192.168.1.5", {"MATRYOSHKA_LAB_ALLOW_REMOTE": "1"})
@@ -400,11 +400,11 @@ def browser_or_skip():
 
 
 @contextlib.contextmanager
-def chromium_page(width=1400, height=1100):
-    "A page of Debian's headless Chromium (a new empty profile), driven by Playwright; closed afterwards."
+def chromium_page(width=1400, height=1100, flags=()):
+    "A page of Debian's headless Chromium (a new empty profile, CHROMIUM_FLAGS and `flags`), driven by Playwright; closed afterwards."
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_FLAGS, *flags])
         try:
             yield browser.new_page(viewport={"width": width, "height": height})
         finally:
@@ -614,6 +614,39 @@ def seed_runs(runs: Path) -> Path:
                 log.log(step, f"stsb_dev/L{l}/d{d}/spearman", 50 + step + 4 * l + d / 4 + shift, split="eval")
         log.close()
     return runs
+
+
+def test_browser_shows_html_in_names_as_text_and_refuses_other_host_names(tmp_path):
+    "Run names, a config's method and a metric name holding HTML are text in the Monitor and Compare tabs (no injected script runs); a page under another name resolved to 127.0.0.1 (DNS rebinding) gets no workbench."
+    browser_or_skip()
+    runs = tmp_path / "runs"
+    names = ["plain", 'x"><script>window.__pwned_s=1</script>', "x<img src=x onerror=window.__pwned_n=1>"]
+    for i, name in enumerate(names):
+        write_run(runs / name, config={"dims": [2, 4, 8], "method": f"<img src=x onerror=window.__pwned_m{i}=1>"})
+    log = RunLog(runs / "plain")
+    log.log(6, "<img src=x onerror=window.__pwned_metric=1>", 1.0)
+    log.close()
+    port = free_port()
+    with serve(runs, port), chromium_page(1500, 1100, ["--host-resolver-rules=MAP evil.test 127.0.0.1"]) as page:
+        page.goto(f"http://127.0.0.1:{port}/dashboards?run=plain", timeout=60_000)
+        wait_shown(page.locator(".ml-step"), "step 6", seconds=60)
+        page.get_by_text("Compare", exact=True).first.click()
+        pattern = page.get_by_placeholder("the eval grid at the last layer")
+        pattern.fill("*")
+        pattern.press("Enter")
+        wait_shown(page.locator(".ml-status").first, "")             # (a tick, then the table)
+        deadline = time.time() + 20
+        while "window.__pwned_metric=1" not in page.locator("table").first.inner_text() and time.time() < deadline:
+            time.sleep(0.3)
+        table = page.locator("table").first.inner_text()
+        assert "train: <img src=x onerror=window.__pwned_metric=1>" in table and names[1] in table, table[:2000]
+        chosen = page.locator(".choices__list--multiple .choices__item >> visible=true").all_inner_texts()
+        assert [c.replace("Remove item", "").strip() for c in chosen] == names[:2], chosen
+        page.screenshot(path=str(ARTIFACTS / "html_names_as_text.png"), full_page=True)
+        assert page.evaluate("Object.keys(window).filter(k => k.startsWith('__pwned'))") == []
+        page.goto(f"http://evil.test:{port}/dashboards?run=plain", timeout=60_000)
+        page.get_by_text("Refused").first.wait_for(timeout=30_000)
+        assert page.locator(".ml-step").count() == 0 and "plain" not in page.content()
 
 
 def test_browser_compare_draws_the_prefix_overlay_and_the_difference(tmp_path):
