@@ -127,23 +127,19 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
     df.attrs["lines"] = np.asarray(lines, dtype=np.int64)
     return df
 
+_READERS = {".jsonl": _read_jsonl, ".json": lambda p: pd.read_json(p, dtype=False), ".parquet": pd.read_parquet,
+            ".csv": lambda p: pd.read_csv(p, keep_default_na=False), ".tsv": lambda p: pd.read_csv(p, sep="\t", keep_default_na=False)}
+
 def read_table(path: str | Path) -> pd.DataFrame:
     "Rows of a .jsonl/.json/.csv/.tsv/.parquet file as a data frame; attrs name the file and each row's line."
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"data file {str(path)!r} does not exist")
     suffix = path.suffix.lower()
-    if suffix not in (".jsonl", ".json", ".csv", ".tsv", ".parquet"):
+    if suffix not in _READERS:
         raise ValueError(f"unsupported file type {suffix!r} for {str(path)!r}: use .jsonl, .json, .csv, .tsv or .parquet")
     try:
-        if suffix == ".jsonl":
-            df = _read_jsonl(path)
-        elif suffix == ".json":
-            df = pd.read_json(path, dtype=False)
-        elif suffix in (".csv", ".tsv"):
-            df = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False)
-        else:
-            df = pd.read_parquet(path)
+        df = _READERS[suffix](path)
     except ValueError as err:
         if str(err).startswith(repr(str(path))):
             raise
@@ -166,8 +162,10 @@ def _where(df: pd.DataFrame, label) -> str:
         offset = None if offset is None else offset - len(lines)
     return f"{df.attrs.get('source', 'data frame')} row {label}"
 
+_NESTED = (list, tuple, dict, set, np.ndarray)
+
 def _columns(df: pd.DataFrame, *names: str, numeric: tuple = ()) -> list:
-    "The named columns of `df` as lists; a ValueError names a missing column, or the first row lacking a value (file and line)."
+    "The named columns of `df` as lists (of strings, but the `numeric` ones); a ValueError names a missing column, or the first row lacking a value or holding several (file and line)."
     missing = [n for n in names if n not in df.columns]
     if missing:
         raise ValueError(f"missing column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} in "
@@ -180,40 +178,39 @@ def _columns(df: pd.DataFrame, *names: str, numeric: tuple = ()) -> list:
         if n in numeric:
             values = pd.to_numeric(col.where(col != "", np.nan), errors="coerce")
             bad = ~np.isfinite(values.to_numpy(dtype=np.float64, na_value=np.nan))
-        else:
-            values, bad = col, col.isna().to_numpy()
+        else:   # a list, array or dict in a cell (a Parquet list column, a JSON array) is no one text or label
+            values, bad = col, col.isna().to_numpy() | col.map(lambda v: isinstance(v, _NESTED)).to_numpy()
         if bad.any():
             label, first = df.index[bad][0], col[bad].iloc[0]
-            empty = first is None or first == "" or (isinstance(first, float) and np.isnan(first))
-            what = "no value" if empty else f"{first!r}, not a number"
+            nested = isinstance(first, _NESTED)
+            empty = not nested and (first is None or first == "" or (isinstance(first, float) and np.isnan(first)))
+            what = (f"a {type(first).__name__} ({str(first)[:60]}), not one value" if nested
+                    else "no value" if empty else f"{first!r}, not a number")
             more = f" (and {int(bad.sum()) - 1} more rows)" if bad.sum() > 1 else ""
             raise ValueError(f"{_where(df, label)}: {n!r} has {what}{more}")
-        out.append(values.tolist())
+        out.append(values.tolist() if n in numeric else [str(v) for v in values])
     return out
-
-def _texts(values: list) -> list[str]:
-    return [str(v) for v in values]
 
 def sts_from_frame(df: pd.DataFrame, sentence1="sentence1", sentence2="sentence2", score="score") -> STSData:
     a, b, y = _columns(df, sentence1, sentence2, score, numeric=(score,))
-    return STSData(_texts(a), _texts(b), np.asarray(y, dtype=np.float64))
+    return STSData(a, b, np.asarray(y, dtype=np.float64))
 
 def pairs_from_frame(df: pd.DataFrame, sentence1="sentence1", sentence2="sentence2", label="label") -> PairData:
     a, b, y = _columns(df, sentence1, sentence2, label, numeric=(label,))
-    return PairData(_texts(a), _texts(b), np.asarray(y, dtype=np.int64))
+    return PairData(a, b, np.asarray(y, dtype=np.int64))
 
 def classification_from_frame(df: pd.DataFrame, text="text", label="label") -> ClassificationData:
     x, y = _columns(df, text, label)
-    return ClassificationData(_texts(x), np.asarray(_texts(y), dtype=object))
+    return ClassificationData(x, np.asarray(y, dtype=object))
 
 def hierarchy_from_frame(df: pd.DataFrame, levels: dict, text="text") -> HierarchyData:
     "levels: {level name: column}, coarse to fine."
     cols = _columns(df, text, *levels.values())
-    return HierarchyData(_texts(cols[0]), {lvl: np.asarray(_texts(c), dtype=object) for lvl, c in zip(levels, cols[1:])})
+    return HierarchyData(cols[0], {lvl: np.asarray(c, dtype=object) for lvl, c in zip(levels, cols[1:])})
 
 def sentences_from_frame(df: pd.DataFrame, text="text") -> Sentences:
     (x,) = _columns(df, text)
-    return Sentences(_texts(x))
+    return Sentences(x)
 
 # %% ../nbs/03_data.ipynb #02c010c
 @dataclass(frozen=True)
@@ -242,7 +239,7 @@ def retrieval_from_frame(df: pd.DataFrame, query="query", document="document", l
     "Rows relate a query to its relevant document; the corpus is every distinct document (`label`: rows labelled 1 only; `score`, `min_score`: rows scored at least min_score only)."
     names = [query, document] + ([label] if label else []) + ([score] if score else [])
     cols = dict(zip(names, _columns(df, *names, numeric=tuple(n for n in (label, score) if n))))
-    docs = list(dict.fromkeys(_texts(cols[document])))
+    docs = list(dict.fromkeys(cols[document]))
     index = {d: i for i, d in enumerate(docs)}
     keep = np.ones(len(df), dtype=bool)
     if label:
@@ -250,7 +247,7 @@ def retrieval_from_frame(df: pd.DataFrame, query="query", document="document", l
     if score and min_score is not None:
         keep &= np.asarray(cols[score], dtype=np.float64) >= min_score
     rel: dict[str, dict[int, int]] = {}
-    for q, d, k in zip(_texts(cols[query]), _texts(cols[document]), keep):
+    for q, d, k in zip(cols[query], cols[document], keep):
         if k:
             rel.setdefault(q, {})[index[d]] = 1
     if not rel:
@@ -282,7 +279,7 @@ def retrieval_by_label(queries: pd.DataFrame, corpus: pd.DataFrame, text="text",
     kept = [(str(t), str(lab)) for t, lab in zip(qt, ql) if str(lab) in rows]
     if not kept:
         raise ValueError(f"{queries.attrs.get('source', 'queries')}: no query's {label!r} occurs in the corpus")
-    return RetrievalData([t for t, _ in kept], _texts(ct), tuple(dict.fromkeys(rows[lab], 1) for _, lab in kept))
+    return RetrievalData([t for t, _ in kept], ct, tuple(dict.fromkeys(rows[lab], 1) for _, lab in kept))
 
 def beir_from_frames(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.DataFrame, where=None) -> RetrievalData:
     "RetrievalData from BEIR's three tables (corpus: _id, text, title?; queries: _id, text; qrels: query-id, corpus-id, score); where(n) names qrels row n in errors."
@@ -291,6 +288,12 @@ def beir_from_frames(corpus: pd.DataFrame, queries: pd.DataFrame, qrels: pd.Data
     titles = corpus["title"].fillna("").tolist() if "title" in corpus else [""] * len(texts)
     docs = [f"{t} {x}".strip() if str(t).strip() else str(x) for t, x in zip(titles, texts)]
     query_ids, query_texts = _columns(queries, "_id", "text")
+    for table, ids in ((corpus, doc_ids), (queries, query_ids)):      # one id, two texts: which one a qrel judges is unknown
+        seen = pd.Series(ids, index=table.index)
+        if seen.duplicated().any():
+            again = seen.index[seen.duplicated()][0]
+            raise ValueError(f"{_where(table, again)}: _id {seen[again]!r} was given before, at "
+                             f"{_where(table, seen.index[seen == seen[again]][0])}: ids must be unique")
     qid, did, grade = _columns(qrels, "query-id", "corpus-id", "score", numeric=("score",))
     doc_at = {str(d): i for i, d in enumerate(doc_ids)}
     text_of = {str(q): str(t) for q, t in zip(query_ids, query_texts)}
@@ -410,21 +413,12 @@ def _prepare(name: str, df: pd.DataFrame) -> pd.DataFrame:
             df[col] = [v[0] for v in df[col]]
     return df
 
+_FROM_FRAME = {"sts": sts_from_frame, "pair": pairs_from_frame, "classification": classification_from_frame,
+               "hierarchy": hierarchy_from_frame, "retrieval": retrieval_from_frame, "sentences": sentences_from_frame}
+
 def _from_frame(spec: TaskSpec, df: pd.DataFrame, columns: dict | None = None):
     "Typed dataset of kind spec.kind from a prepared frame."
-    cols = {**spec.columns, **(columns or {})}
-    df = _prepare(spec.name, df)
-    if spec.kind == "sts":
-        return sts_from_frame(df, **cols)
-    if spec.kind == "pair":
-        return pairs_from_frame(df, **cols)
-    if spec.kind == "classification":
-        return classification_from_frame(df, **cols)
-    if spec.kind == "hierarchy":
-        return hierarchy_from_frame(df, **cols)
-    if spec.kind == "retrieval":
-        return retrieval_from_frame(df, **cols)
-    return sentences_from_frame(df, **cols)
+    return _FROM_FRAME[spec.kind](_prepare(spec.name, df), **{**spec.columns, **(columns or {})})
 
 # %% ../nbs/03_data.ipynb #02c018
 @dataclass(frozen=True)
@@ -541,7 +535,7 @@ def frame_data(df: pd.DataFrame, kind: str):
     if kind == "pairs":
         negatives = [c for c in df.columns if str(c).startswith("negative")]
         anchor, positive, *cols = _columns(df, "anchor", "positive", *negatives)
-        return PositivePairs(_texts(anchor), _texts(positive), tuple(map(_texts, cols)))
+        return PositivePairs(anchor, positive, tuple(cols))
     if kind in ("sts", "pair"):
         return (sts_from_frame if kind == "sts" else pairs_from_frame)(df)
     labels = [str(c) for c in df.columns if c not in ID_COLUMNS and c != "text"]
