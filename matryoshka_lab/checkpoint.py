@@ -67,6 +67,8 @@ def save_checkpoint(run_dir: Path, step: int, encoder: Encoder, optimizer, sched
                     "rng": _rng_state(loss_gen, torch_states),
                     "loss": loss_module.state_dict() if loss_module is not None else {},
                     "scaler": scaler.state_dict() if scaler is not None else {}}, tmp / "state.pt")   # fp16's loss scale
+        if (Path(run_dir) / "config.json").is_file():   # what it was trained with: a resume compares its own config with it
+            shutil.copyfile(Path(run_dir) / "config.json", tmp / "config.json")
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / "manifest.json").write_text(json.dumps({p.relative_to(tmp).as_posix(): _sha256(p) for p in files}, indent=1))
     except WRITE_ERRORS as err:   # a full disk: no half-written folder, the previous checkpoints untouched

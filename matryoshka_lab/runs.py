@@ -116,15 +116,14 @@ class RunLog:
 
     def log(self, step: int, name: str, value: float, split: str = "train") -> None:
         "Append one record and flush it (NaN and inf are written as null, never as invalid JSON)."
-        v = float(value)
-        rec = {"step": int(step), "time": round(time.time() - self.t0, 3), "split": split, "name": name,
-               "value": v if math.isfinite(v) else None}
-        self._file.write(json.dumps(rec) + "\n")
-        self._file.flush()
+        self.log_many(step, {name: value}, split)
 
     def log_many(self, step: int, values: dict, split: str = "train") -> None:
-        for name, value in values.items():
-            self.log(step, name, value, split)
+        "Append a record per name and flush them in one write: a kill leaves all of them or none (a step's evaluation is never half logged)."
+        t = round(time.time() - self.t0, 3)
+        self._file.write("".join(json.dumps({"step": int(step), "time": t, "split": split, "name": name, "value":
+                                             v if math.isfinite(v := float(value)) else None}) + "\n" for name, value in values.items()))
+        self._file.flush()
 
     def save_array(self, name: str, step: int, array) -> Path:
         "Save a snapshot as arrays/NAME/step_XXXXXXX.npy (written to a temporary file, then renamed)."

@@ -74,8 +74,8 @@ class EvalCallback(Callback):
         tasks = self.tasks or [load_task(t, cfg.data_dir, cfg.columns) for t in cfg.eval_tasks]
         df = run_grid(trainer.encoder, cfg, tasks, final, progress=shown, notes=shown and not self.noted)   # notes: once
         self.noted = True
-        for r in own_cells(df).itertuples():
-            trainer.log.log(trainer.step, f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}", r.value, split="eval")
+        trainer.log.log_many(trainer.step, {f"{r.task}/L{r.layer}/d{r.dim}/{r.metric}": r.value   # one write: all or none
+                                            for r in own_cells(df).itertuples()}, split="eval")
         write_atomic(Path(cfg.run_dir) / "grid.csv", df.to_csv(index=False))
         trainer.encoder.train()
     def _due(self, trainer) -> bool:
@@ -84,7 +84,8 @@ class EvalCallback(Callback):
         if trainer.step and self._due(trainer) and trainer.dist.main:
             from matryoshka_lab.runs import read_run
             m = read_run(trainer.config.run_dir).metrics
-            if not ((m.split == "eval") & (m.step == trainer.step)).any():
+            cells = m[m.split == "eval"].groupby("step").name.nunique()   # (fewer than another step's: cut short)
+            if cells.get(trainer.step, 0) < max([1, *cells]):
                 self._run(trainer)
     def after_step(self, trainer):
         if self._due(trainer):
@@ -308,6 +309,9 @@ class Trainer:
             raise refused or ValueError(f"run directory {str(run_dir)!r} refused by the main process")
         try:
             ckpt = resume_checkpoint(run_dir, main)
+            if ckpt is not None and (changed := config_changes(ckpt, cfg)):   # config.json edited since, and the config with it
+                raise ValueError(f"run directory {str(run_dir)!r}: its checkpoint {ckpt.name} was trained with another config "
+                                 f"({', '.join(changed)}); restore its config.json, or use another run_dir")
             if ckpt is not None:
                 self.step = load_checkpoint(ckpt, self.encoder, self.optimizer, self.scheduler, self.loss_gen, self.dist,
                                             self.loss_module, self.scaler)

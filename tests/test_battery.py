@@ -124,11 +124,12 @@ def test_7_a_fifo_among_a_runs_records_is_refused_not_waited_on(name, tiny_model
     assert last_error(res).startswith(message), res.stderr[-2000:]
 
 
-def test_4_a_run_killed_during_an_evaluation_makes_it_when_resumed(tiny_model_dir, tmp_path):
-    "Killed once checkpoint 4 is written, while step 4 is evaluated (its eval records, if the kill came late, removed):"
-    "the resumed run evaluates step 4 before step 5, then step 8."
+@pytest.mark.parametrize("kept", [0, 3])
+def test_4_a_run_killed_during_an_evaluation_makes_it_when_resumed(kept, tiny_model_dir, tmp_path):
+    "Killed once checkpoint 4 is written, while step 4 is evaluated (its eval records, if the kill came late, cut to"
+    "`kept` of them, as a kill between two records once left them): the resumed run evaluates step 4 whole before step 5."
     run_dir = tmp_path / "run"
-    sets = tiny_sets(tiny_model_dir, "max_steps=8", "checkpoint_every=4", "eval_every=4", "eval_tasks=[builtin_sts]")
+    sets = tiny_sets(tiny_model_dir, "max_steps=8", "checkpoint_every=4", "eval_every=2", "eval_tasks=[builtin_sts]")
     cmd = ["matryoshka-lab", "train", str(MRL), "--no-progress", "--set", f"run_dir={run_dir}", *sum((["--set", s] for s in sets), [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -138,11 +139,16 @@ def test_4_a_run_killed_during_an_evaluation_makes_it_when_resumed(tiny_model_di
     proc.wait()
     assert (run_dir / "checkpoints" / "step_0000004").is_dir()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
-    (run_dir / "metrics.jsonl").write_text("".join(l for l in lines if not (parse_record(l) or (0, 0, ""))[2] == "eval"))
+    at = lambda l, split, step: (parse_record(l) or (0, 0, ""))[2] == split and parse_record(l)[0] == step
+    step2 = [l for l in lines if at(l, "eval", 2)]
+    assert len(step2) > kept
+    (run_dir / "metrics.jsonl").write_text("".join(l for l in lines if not at(l, "eval", 4))
+                                           + "".join(l.replace('"step": 2,', '"step": 4,') for l in step2[:kept]))
     res = train(run_dir, *sets)
     assert res.returncode == 0, res.stderr[-3000:]
-    m = read_run(run_dir).metrics
-    assert sorted(set(m[m.split == "eval"].step)) == [4, 8]
+    evals = read_run(run_dir).metrics.query("split == 'eval'")
+    test_cells = evals.groupby("step").name.nunique()
+    assert list(test_cells.index) == [2, 4, 6, 8] and len(set(test_cells)) == 1, test_cells
 
 
 def test_1_two_launches_of_one_new_run_directory_at_once_start_one_run(tiny_model_dir, tmp_path):
@@ -216,3 +222,18 @@ def test_13_a_malformed_grid_or_a_huge_layer_number_blanks_no_page(tmp_path):
         assert list(grid.itertuples(index=False, name=None)) == want
         wb = build_app(tmp_path, "r1")                                               # raised before
         assert wb.tail is not None and "bad/grid.csv" in wb.grid_views[0].picker.grids
+
+
+def test_a_resume_after_config_json_was_edited_with_the_command_is_refused(tiny_model_dir, tmp_path):
+    "config.json edited by hand and the command changed to match: the checkpoint's own config (saved with it) refuses the resume, where the checkpoint's optimizer would have kept the old learning rate under the new config's name."
+    import json
+    run_dir = tmp_path / "run"
+    sets = tiny_sets(tiny_model_dir, "schedule=constant", "warmup_ratio=0", "checkpoint_every=2")
+    res = train(run_dir, *sets, "max_steps=4")
+    assert res.returncode == 0, res.stderr[-3000:]
+    saved = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**saved, "lr": 1e-3, "batch_size": 16}))
+    res = train(run_dir, *sets, "max_steps=6", "lr=1e-3", "batch_size=16")
+    assert last_error(res) == (f"error: run directory '{run_dir}': its checkpoint step_0000004 was trained with another "
+                               "config (batch_size, lr); restore its config.json, or use another run_dir")
+    assert sorted(read_run(run_dir).metrics.query("name == 'loss'").step) == [1, 2, 3, 4]   # nothing trained on
