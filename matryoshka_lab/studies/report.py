@@ -866,9 +866,9 @@ def grad_cache_table(results="results", file: str = "grad_cache_cpu.json") -> st
 # %% ../../nbs/studies/06_report.ipynb #21c015r
 REFERENCE_METHODS = tuple(f"untrained+{k}" for k in REFERENCES)   # results/references/SETTING's rows
 LABELS.update({"base_d16": "base, trained for d = 16 alone", "base_d64": "base, trained for d = 64 alone",
-               "untrained+pca": "untrained + PCA", "untrained+random": "untrained + random rotation",
-               "untrained+adaptor": "untrained + Matryoshka-Adaptor", "untrained+adaptor_sup": "untrained + Matryoshka-Adaptor, supervised",
-               "untrained+csr": "untrained + CSR (the prefix's bytes)"})
+               "base+pca": "base + its own PCA", **{f"untrained+{k}": f"untrained + {v}" for k, v in {
+                   "pca": "PCA", "random": "random rotation", "adaptor": "Matryoshka-Adaptor",
+                   "adaptor_sup": "Matryoshka-Adaptor, supervised", "csr": "CSR (the prefix's bytes)"}.items()}})
 
 def _with_references(results, setting: str) -> pd.DataFrame:
     "results/baselines/SETTING's rows and results/references/SETTING's, a CSR code of k active units placed at the prefix size of its bytes (8 k = 4 d: d = 2 k), the untrained model's rows given to every seed (it has none: a method's seed s is paired with the same untrained cells)."
@@ -900,7 +900,7 @@ def vs_references_table(results="results", setting: str = "angle", dims="16,64",
     "Each method minus each reference at the last layer and prefix size d over the matched (seed, task) pairs: 'mean (won/pairs, p)', p the Wilcoxon p Holm-adjusted over every test of the table (a model trained for one size only at its size)."
     summary, dims = _with_references(results, setting), [int(x) for x in str(dims).split(",")]
     chosen, tests = _tasks(tasks, summary), {}
-    refs = ["untrained", *REFERENCE_METHODS, "base_d16", "base_d64"]
+    refs = ["untrained", *REFERENCE_METHODS, "base+pca", "base_d16", "base_d64"]
     for m in _methods(methods, list(dict.fromkeys(summary.method))):
         for r in refs:
             have = [d for d in dims if d in set(summary.dim[summary.method == r])]   # (CSR: the sizes its codes' bytes match)
