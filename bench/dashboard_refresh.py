@@ -50,7 +50,7 @@ def in_process(run: Path, root: Path, rounds: int) -> dict:
     "The in-process timings (see the module docstring), medians in seconds."
     wb = workbench.Workbench(root, run=run.name)
     tail = MetricsTail(run / "metrics.jsonl")
-    tail.poll()
+    tail.poll(float("inf"))                    # the whole log first
     log, step = RunLog(run), 10**6
     res = {k: [] for k in ("append->tail", "append->pane", "tick (tail)", "tick (naive)", "tick (redraw)", "idle tick")}
     for r in range(rounds):
@@ -136,7 +136,7 @@ def in_browser(run: Path, root: Path, rounds: int, soak: float) -> dict:
         page.goto(f"http://127.0.0.1:{port}/dashboards?run={run.name}", timeout=120_000)
         page.locator(f".{workbench.STEP_CLASS}").wait_for(timeout=120_000)
         tail = MetricsTail(run / "metrics.jsonl")
-        tail.poll()
+        tail.poll(float("inf"))
         wait_step(page, tail.last_step, timeout=120)
         out["page_open_s"] = time.perf_counter() - t0
         log, step, lat, rng = RunLog(run), tail.last_step, [], random.Random(0)   # above every step logged so far
@@ -198,7 +198,7 @@ def main():
         write_big_log(run / "metrics.jsonl", args.lines)
         size_mb = (run / "metrics.jsonl").stat().st_size / 1e6
         t0 = time.perf_counter()
-        MetricsTail(run / "metrics.jsonl").poll()
+        MetricsTail(run / "metrics.jsonl").poll(float("inf"))
         first_read = time.perf_counter() - t0
         t0 = time.perf_counter()
         workbench.Workbench(root, run="big")
