@@ -129,8 +129,8 @@ def serve_here(layout, tick: Callable[[], None], origins: list[str], period_ms: 
         asyncio.set_event_loop(asyncio.new_event_loop())
         try:
             made["loop"] = loop = IOLoop.current()
-            made["server"] = get_server(lambda: layout if session_allowed() else REFUSED, port=port, address="127.0.0.1", loop=loop, show=False,
-                                        websocket_origin=[*origins, f"127.0.0.1:{port}"], title=title)
+            made["server"] = get_server(lambda: layout if session_allowed() else REFUSED, port=port, address="127.0.0.1",
+                                        loop=loop, show=False, websocket_origin=[*origins, f"127.0.0.1:{port}"], title=title)
             made["server"].start()
             made["tick"] = PeriodicCallback(tick, period_ms)
             made["tick"].start()
