@@ -85,7 +85,7 @@ def snapshot_switches(page, rounds: int) -> list[float]:
     page.get_by_text("Snapshots", exact=True).last.click()
     handle = page.locator(".noUi-handle >> visible=true").first
     handle.wait_for(timeout=30_000)
-    titled = lambda step: lambda: page.locator(".gtitle").filter(has_text=f"(step {step})").count() > 0
+    titled = lambda step: lambda: page.locator(".role-title-text").filter(has_text=f"(step {step})").count() > 0
     steps, i, direction, out = list(range(50, STEPS + 1, 50)), STEPS // 50 - 1, -1, []
     until(titled(steps[i]), 30)
     for _ in range(rounds):

@@ -1,19 +1,21 @@
-"""Where the served workbench's first page goes: the page as served, beside the same page without plotly.js, in headless
-Chromium (a new profile each page, nothing cached), rounds interleaved.
+"""The served workbench's first page, this tree beside another revision of it (default 10b77bc, the last whose page
+loaded plotly.js), in headless Chromium (a new profile each page, nothing cached), rounds interleaved.
 
-    python bench/page_weight.py [--rounds 5] [--out results/bench/page_weight.json]
+    python bench/page_weight.py [--rounds 5] [--against REV] [--out results/bench/page_weight.json]
 
-The run is bench/page_latency.py's (300 steps, a 7 x 6 grid, three snapshots). "as served" is `panel serve
-dashboards/`; "no plotly.js" serves a copy of dashboards/main.py whose pn.extension leaves out "plotly": the same
-session, the same document, its plotly panes left blank (an upper bound of what a page without plotly.js would gain,
-not a page a user gets). Each page is timed from navigation until its step pane shows the run's last step, with its
-server response (the session's document: build_app), DOMContentLoaded (every script fetched and run) and the
-JavaScript it fetched, by library. The last line is one JSON object; --out also writes it with what made it.
+The run is bench/page_latency.py's (300 steps, a 7 x 6 grid, three snapshots). Each tree serves it with its own
+`panel serve dashboards/` (the other revision from a `git archive` of it, imported through PYTHONPATH: its own
+requirements must be installed, plotly for 10b77bc). Each page is timed from navigation until its step pane shows the
+run's last step, with its server response (the session's document: build_app), DOMContentLoaded (every script
+fetched and run) and the JavaScript it fetched, by library. The last line is one JSON object; --out also writes it
+with what made it.
 """
 import argparse
 import json
 import shlex
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,22 +60,22 @@ def first_page(port: int) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--against", default="10b77bc", help="the git revision served beside this tree")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder, other = Path(tmp), Path(tmp) / "other"
         write_training_run(folder / "runs" / "live")
-        (folder / "dashboards").mkdir()
-        app = (ROOT / "dashboards" / "main.py").read_text()
-        bare = app.replace('pn.extension("plotly", "vega")', 'pn.extension("vega")')
-        assert bare != app, "dashboards/main.py no longer calls pn.extension(\"plotly\", \"vega\"): update this bench"
-        (folder / "dashboards" / "main.py").write_text(bare)
-        pages = {"as served": [], "no plotly.js": []}
-        ports = {"as served": test_dashboards.free_port(), "no plotly.js": test_dashboards.free_port()}
-        with test_dashboards.serve(folder / "runs", ports["as served"]):
-            test_dashboards.ROOT = folder                       # the server's working directory: the copy's dashboards/
+        other.mkdir()
+        subprocess.run(f"git archive {shlex.quote(a.against)} | tar -x -C {shlex.quote(str(other))}", shell=True, cwd=ROOT,
+                       check=True)
+        names = ("this tree", a.against)
+        pages, ports = {n: [] for n in names}, {n: test_dashboards.free_port() for n in names}
+        with test_dashboards.serve(folder / "runs", ports[names[0]]):
+            test_dashboards.ROOT, before = other, os.environ.get("PYTHONPATH")   # the other server: its tree, its library
+            os.environ["PYTHONPATH"] = str(other)
             try:
-                with test_dashboards.serve(folder / "runs", ports["no plotly.js"]):
+                with test_dashboards.serve(folder / "runs", ports[names[1]]):
                     for name in pages:                          # a first session each, not counted
                         first_page(ports[name])
                     for _ in range(a.rounds):
@@ -81,17 +83,18 @@ def main():
                             pages[name].append(first_page(ports[name]))
             finally:
                 test_dashboards.ROOT = ROOT
-    result = {"rounds": a.rounds, "steps": STEPS}
+                os.environ.pop("PYTHONPATH") if before is None else os.environ.update(PYTHONPATH=before)
+    result = {"rounds": a.rounds, "steps": STEPS, "against": a.against}
     for name, got in pages.items():
         result[name] = {k: round(statistics.median(g[k] for g in got), 3)
                         for k in ("step shown", "server response", "DOMContentLoaded")}
         result[name]["js_bytes"] = got[0]["js_bytes"]
-    result["ratio step shown"] = round(result["as served"]["step shown"] / result["no plotly.js"]["step shown"], 2)
+    result["ratio step shown"] = round(result[names[0]]["step shown"] / result[names[1]]["step shown"], 2)
     for name in pages:
         r = result[name]
         print(f"{name:13s} step shown {r['step shown']:5.2f} s   server response {r['server response']:5.2f} s   "
               f"DOMContentLoaded {r['DOMContentLoaded']:5.2f} s   JS {sum(r['js_bytes'].values()) / 1e6:5.2f} MB")
-    print(f"as served / no plotly.js: x{result['ratio step shown']:.2f} (medians of {a.rounds} pages each)")
+    print(f"this tree / {a.against}: x{result['ratio step shown']:.2f} (medians of {a.rounds} pages each)")
     if a.out:
         write_json(a.out, {**provenance(shlex.join(["python", *sys.argv])), **result})
     print(json.dumps(result))

@@ -29,7 +29,7 @@ def _query_run() -> str | None:
 
 
 if __name__.startswith("bokeh"):
-    pn.extension("plotly", "vega")
+    pn.extension("vega")
     if session_allowed():                       # a loopback client under a loopback Host (no DNS rebinding)
         wb = build_app(runs_root(), _query_run())
         pn.state.add_periodic_callback(wb.tick, period=PERIOD_MS)

@@ -67,7 +67,7 @@ def run_demo(data_dir: str | None = None, out_dir: str = "runs/demo", model: str
     "Evaluate `model` at every (layer, dim) on the demo tasks; write grid.csv/.html/.png and meta.json (what wrote them) under out_dir."
     from matryoshka_lab.encoder import Encoder
     from matryoshka_lab.eval import MTEB_PUBLISHED, evaluate
-    from matryoshka_lab.plots import save_heatmaps
+    from matryoshka_lab.figures import save_heatmaps
     from matryoshka_lab.runs import write_atomic, write_json
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)   # a bad output folder fails now, not after the evaluation
@@ -314,7 +314,7 @@ def _evaluate_to(args, out: Path) -> None:
     for t in fitted:
         print(f"Wrote the {t.kind} transform to {t.save(out.with_name(f'{out.stem}.transforms') / t.kind)}")
     if args.plot:
-        from matryoshka_lab.plots import save_heatmaps
+        from matryoshka_lab.figures import save_heatmaps
         for label, part in transform_parts(df).items():             # the model's own heatmaps, then each transform's
             save_heatmaps(part, out.with_suffix("") if label == NO_TRANSFORM else out.with_name(f"{out.stem}_{label}"))
     print(f"\nWrote {len(df)} rows to {out}")

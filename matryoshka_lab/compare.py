@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import altair as alt
 import pandas as pd
 import panel as pn
 
@@ -14,6 +15,7 @@ from .dashboard import metric_kind, name_parts
 from .evaluations import RunGrids, read_grids
 from .exports import SIZE, chart_exports
 from .figures import Colours, difference_chart, prefix_chart
+from .plots import titled
 
 # %% auto #0
 __all__ = ['BAR_KINDS', 'BARS_PER_KIND', 'compare_bars', 'PrefixCompare']
@@ -30,9 +32,7 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
                  runs: list[str], max_kinds: int = BAR_KINDS, max_bars: int = BARS_PER_KIND,
                  caveat: str = "",   # added to the title of a panel of training records (different methods' losses)
                  colours: Colours | None = None):
-    "Grouped bars of the runs' values (at compare_frame's steps), one panel per kind of metric with its own titled axis; a cut list says so."
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
+    "Grouped bars of the runs' values (at compare_frame's steps), one panel per kind of metric with its own titled axis, stacked (their data: panel, label, run, value); a cut list says so."
     colours = colours or Colours(runs)
     kinds = pd.Series([metric_kind(n) for _, n in df.index], index=df.index)
     order = list(dict.fromkeys(kinds))
@@ -41,17 +41,20 @@ def compare_bars(df: pd.DataFrame,   # compare_frame's table: (split, name) rows
     trained = {k for (split, _), k in kinds.items() if split == "train"}
     titles = [k + (f" (first {max_bars} of {counts[k]})" if counts[k] > max_bars else "")
               + (f" {caveat}" if caveat and k in trained else "") for k in shown]
-    fig = make_subplots(rows=len(shown), cols=1, subplot_titles=titles, vertical_spacing=0.5 / max(len(shown), 1))
-    for row, kind in enumerate(shown, 1):
+    colour = alt.Color("run:N", title=None, sort=runs, scale=colours.scale(runs),   # above: the panels keep the pane's width
+                       legend=alt.Legend(orient="top", direction="horizontal", labelLimit=240))
+    parts, panels = [], []
+    for i, (kind, head) in enumerate(zip(shown, titles)):
         part = df[kinds == kind].head(max_bars)
-        x = [_bar_label(s, n) for s, n in part.index]
-        for run in runs:
-            fig.add_trace(go.Bar(name=run, x=x, y=part[run], legendgroup=run, showlegend=row == 1,
-                                 marker_color=colours[run]), row=row, col=1)
-        fig.update_yaxes(title_text=kind, row=row, col=1)
+        labels = [_bar_label(s, n) for s, n in part.index]
+        parts += [pd.DataFrame({"panel": i, "label": labels, "run": r, "value": part[r].to_numpy(float)}) for r in runs]
+        panels.append(titled(alt.Chart().transform_filter(alt.datum.panel == i).mark_bar().encode(
+            alt.X("label:N", title=None, sort=labels, axis=alt.Axis(labelAngle=-30, labelLimit=140)),
+            alt.XOffset("run:N", sort=runs), alt.Y("value:Q", title=kind), colour,
+            tooltip=["run:N", "label:N", alt.Tooltip("value:Q", format=".4g")]).properties(width=480, height=150), head))
     title = "values as of one step" + (f" (the first {max_kinds} of {len(order)} kinds of metric: narrow the pattern)"
                                if len(order) > max_kinds else "")
-    return fig.update_layout(barmode="group", title=title, height=140 + 220 * len(shown), width=760)
+    return titled(alt.vconcat(*panels, data=pd.concat(parts, ignore_index=True)), title)
 
 # %% ../nbs/23_compare.ipynb #23c008
 class PrefixCompare:

@@ -17,12 +17,12 @@ import pandas as pd
 from scipy import stats
 
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, pareto
-from .plots import grid_table
+from .plots import PAPER, grid_table, headline, plot_grid, titled, vl_converter
 
 # %% auto #0
-__all__ = ['PALETTE', 'SEED_FREE', 'CONFIDENCE', 'PRECISION_COLOURS', 'VEGALITE_MIME', 'PAPER', 'FORMATS', 'Colours',
-           'seed_groups', 'seed_summary', 'prefix_chart', 'difference_chart', 'spectra_chart', 'fractal_rows',
-           'steerability_chart', 'frontier_chart', 'notebook_bundle', 'render', 'save']
+__all__ = ['PALETTE', 'SEED_FREE', 'CONFIDENCE', 'PRECISION_COLOURS', 'FORMATS', 'Colours', 'seed_groups', 'seed_summary',
+           'prefix_chart', 'difference_chart', 'spectra_chart', 'fractal_rows', 'steerability_chart', 'frontier_chart',
+           'render', 'save', 'save_heatmaps']
 
 # %% ../nbs/06_figures.ipynb #06f005
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
@@ -98,9 +98,6 @@ def _cells(df: pd.DataFrame, task: str, metric: str) -> pd.DataFrame:
         raise ValueError(f"no rows for task {task!r} and metric {metric!r}; have: {sorted(set(zip(df.task, df.metric)))}")
     return sel
 
-def _titled(chart, title: str, subtitle: str | list[str] = ""):   # a list: a line each
-    return chart.properties(title=alt.TitleParams(title, subtitle=subtitle or alt.Undefined, anchor="start"))
-
 def prefix_chart(df: pd.DataFrame, task: str, metric: str,
                  layer: int | str = "last",        # an index, 'last' (the deepest), or 'each': a line per layer
                  by: str = "run",                  # the column naming what is compared; its rows in a cell are seeds
@@ -126,7 +123,7 @@ def prefix_chart(df: pd.DataFrame, task: str, metric: str,
     lines = _curves(s, colour, by if layer == "each" else None, metric, tip)
     where = "every layer" if layer == "each" else f"layer {layer}"
     head = title or f"{task}: {metric}, {where}" + ("" if step is None else f", step {step}")
-    return _titled(lines, head, _seed_note(s, confidence))
+    return titled(lines, head, _seed_note(s, confidence))
 
 def _curves(s: pd.DataFrame, colour: dict,   # s: _interval's table with a `dim` column; colour: the lines' alt.Color
             dash: str | None,                # a column telling lines of one colour apart (a dash each), or None
@@ -180,7 +177,7 @@ def difference_chart(a: pd.DataFrame, b: pd.DataFrame, task: str, metric: str,
         color=alt.condition(f"abs(datum.delta) > {0.6 * m}", alt.value("white"), alt.value("black")))
     head = title or f"{task}: {metric}, {names[0]} − {names[1]}" + ("" if step is None else f", step {step}")
     note = f"{only} cells in only one of the two grids are left out" if only else ""
-    return _titled(alt.layer(rect, text).properties(width=alt.Step(52), height=alt.Step(24)), head, note)   # a cell fits "+8.64"
+    return titled(alt.layer(rect, text).properties(width=alt.Step(52), height=alt.Step(24)), head, note)   # a cell fits "+8.64"
 
 # %% ../nbs/06_figures.ipynb #06f021
 def spectra_chart(spectra: Mapping[str, Sequence[float]],   # label (a layer, a step, a run) -> its spectrum v [D]
@@ -215,7 +212,7 @@ def spectra_chart(spectra: Mapping[str, Sequence[float]],   # label (a layer, a 
     if cuts:
         rules = alt.Chart(pd.DataFrame({"cut": cuts})).mark_rule(strokeDash=[4, 3], color="#888888").encode(x="cut:Q")
         lines = alt.layer(lines, rules)
-    return _titled(lines, title)
+    return titled(lines, title)
 
 # %% ../nbs/06_figures.ipynb #06f031
 def fractal_rows(result: Mapping, evaluation: str | None = None) -> pd.DataFrame:
@@ -252,7 +249,7 @@ def steerability_chart(rows: pd.DataFrame,     # tidy: level, dim, acc and `by`;
     tip = [alt.Tooltip(f"{by}:N"), "level:N", "dim:Q", alt.Tooltip("mean:Q", format=".3f"), "n:Q",
            alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")]
     lines = _curves(s, colour, by, y_title, tip)
-    return _titled(lines, title, "; ".join(t for t in (subtitle, _seed_note(s, confidence)) if t))
+    return titled(lines, title, "; ".join(t for t in (subtitle, _seed_note(s, confidence)) if t))
 
 # %% ../nbs/06_figures.ipynb #06f034
 PRECISION_COLOURS = {"float32": "#4c78a8", "int8": "#54a24b", "int8+rescore": "#9fd88f", "binary": "#e45756",
@@ -287,35 +284,22 @@ def frontier_chart(grid: pd.DataFrame, task: str, tolerances: Sequence[float] = 
     names = alt.Chart(picks).mark_text(align="left", dx=10, dy=-9, fontSize=9).encode(x, y, text="label:N")
     said = [f"within {l}: " + (f"{p['transform']}, " if whose else "") + f"layer {p.layer}, dim {p.dim}, {p.precision}, "
             f"{p.bytes_per_vector} B" for l, (_, p) in zip(picks.label, picks.iterrows())]       # a line each
-    return _titled(alt.layer(points, front, rules, rings, names), title or f"{task}: quality per byte", said)
+    return titled(alt.layer(points, front, rules, rings, names), title or f"{task}: quality per byte", said)
 
 # %% ../nbs/06_figures.ipynb #06f024
-VEGALITE_MIME = "application/vnd.vegalite.v5+json"   # the Vega-Lite type JupyterLab 4 renders
-PAPER = {"font": "DejaVu Sans", "axis": {"labelFontSize": 8, "titleFontSize": 9}, "header": {"labelFontSize": 8},
-         "legend": {"labelFontSize": 8, "titleFontSize": 8, "symbolSize": 40},
-         "title": {"fontSize": 10, "subtitleFontSize": 8}}   # font sizes for a figure 3-7 inches wide
 FORMATS = (".svg", ".png", ".pdf")
-_FONTS: list = []
 
-def _vl_convert():
-    "vl_convert, with matplotlib's DejaVu fonts registered once (the same text on any machine)."
-    import matplotlib
-    import vl_convert as vlc
-    if not _FONTS:
-        vlc.register_font_directory(str(Path(matplotlib.get_data_path()) / "fonts" / "ttf"))
-        _FONTS.append(True)
-    return vlc
-
-def notebook_bundle(spec: dict, **metadata) -> dict:
-    "A notebook output of a Vega-Lite spec that shows offline everywhere: the spec (JupyterLab draws it), an SVG copy (nbconvert, VS Code, GitHub) and a line of text."
-    title = spec.get("title", {})
-    title = title.get("text", "") if isinstance(title, dict) else title
-    return {VEGALITE_MIME: spec, "image/svg+xml": _vl_convert().vegalite_to_svg(spec, config={"font": PAPER["font"]}),
-            "text/plain": f"<altair chart{': ' + str(title) if title else ''}>"}
-
-alt.renderers.register("matryoshka_lab", notebook_bundle)
-if alt.renderers.active == "default":    # the user chose none: altair's default needs a network
-    alt.renderers.enable("matryoshka_lab")
+def _sized(chart, w: float, h: float):
+    "chart at w x h points: a single or layered view fitted to it, axes, legend and title included; a concatenation's panels sharing it (their legends come on top: about that height, wider by a legend)."
+    for kind, cls in (("vconcat", alt.VConcatChart), ("hconcat", alt.HConcatChart)):
+        if isinstance(chart, cls):
+            panels, pad, out = getattr(chart, kind), 60, chart.copy()   # pad: points a panel's axes and title take, roughly
+            n = len(panels)
+            size = (dict(width=max(20, w - pad), height=max(20, h / n - pad)) if kind == "vconcat"
+                    else dict(width=max(20, w / n - pad), height=max(20, h - pad)))
+            setattr(out, kind, [p.properties(**size) for p in panels])
+            return out
+    return chart.properties(width=w, height=h, autosize=alt.AutoSizeParams(type="fit", contains="padding"))
 
 def render(chart, fmt: str = "svg",
            width_in: float | None = 3.5, height_in: float | None = 2.5,   # None, None: the chart's own size (panels of a concatenated chart size themselves)
@@ -328,9 +312,8 @@ def render(chart, fmt: str = "svg",
     sized = (width_in, height_in) != (None, None)
     if not (dpi > 0 and (not sized or (width_in or 0) > 0 and (height_in or 0) > 0)):
         raise ValueError(f"the size must be positive: got {width_in} x {height_in} inches at {dpi} dpi")
-    spec = (chart.properties(width=width_in * 72, height=height_in * 72,
-                             autosize=alt.AutoSizeParams(type="fit", contains="padding")) if sized else chart).to_dict()
-    vlc, config = _vl_convert(), PAPER if config is None else config
+    spec = (_sized(chart, width_in * 72, height_in * 72) if sized else chart).to_dict()
+    vlc, config = vl_converter(), PAPER if config is None else config
     if fmt == "png":
         return vlc.vegalite_to_png(spec, ppi=dpi, config=config)
     if fmt == "pdf":
@@ -351,3 +334,13 @@ def save(chart, path: str | Path, width_in: float | None = 3.5, height_in: float
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path
+
+def save_heatmaps(df: pd.DataFrame, path_stem: str | Path, pairs: list[tuple[str, str]] | None = None) -> list[Path]:
+    "Write the grid heatmaps of `pairs` (default: headline metrics) to PATH_STEM.html (interactive, Vega inlined: it opens offline) and PATH_STEM.png (three a row)."
+    pairs = pairs or headline(df)
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    chart = alt.concat(*[plot_grid(df, t, m) for t, m in pairs], columns=3).resolve_scale(color="independent")
+    html = stem.with_suffix(".html")
+    html.write_text(chart.to_html(inline=True), encoding="utf-8")
+    return [html, save(chart, stem.with_suffix(".png"), None, None, dpi=110)]

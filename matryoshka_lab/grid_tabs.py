@@ -13,9 +13,9 @@ import panel as pn
 from .budget import NO_TRANSFORM, RETRIEVAL_METRIC, advise, budget_cells, transform_parts
 from .dashboard import run_file, safe_runs
 from .evaluations import COLUMNS, read_grid
-from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, SIZE, chart_exports, export_row, figure_pane, tab
+from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, SIZE, chart_exports, figure_pane, tab
 from .figures import frontier_chart
-from .plots import grid_table, headline, plot_grid
+from .plots import grid_table, headline, plot_grid, titled
 
 # %% auto #0
 __all__ = ['find_grids', 'GridPicker', 'offer', 'GridBrowser', 'BudgetBrowser']
@@ -128,9 +128,9 @@ class GridBrowser:
         (task, metric), whose = self.pair.value.split(" / "), self.whose.value
         fig = plot_grid(self.df, task, metric)
         if whose not in (None, NO_TRANSFORM):
-            fig.update_layout(title_text=f"{fig.layout.title.text} ({whose})")
+            fig = titled(fig, f"{fig.title.text} ({whose})")
         stem = f"grid_{task}_{metric}" + ("" if whose in (None, NO_TRANSFORM) else f"_{whose}")
-        self.body.objects = [figure_pane(fig, GRID_HEIGHT), export_row(lambda: fig, stem),
+        self.body.objects = [figure_pane(fig, GRID_HEIGHT), chart_exports(lambda: fig, stem),
                              pn.pane.DataFrame(grid_table(self.df, task, metric).round(2), sizing_mode="stretch_width")]
 
 # %% ../nbs/23_grid_tabs.ipynb #23g016b

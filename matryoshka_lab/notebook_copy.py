@@ -11,27 +11,21 @@ import threading
 import time
 from collections.abc import Callable
 
-import altair as alt
-
 from .figures import render
-from .plots import with_png
 
 # %% auto #0
 __all__ = ['STATIC_EVERY_S', 'static_copy', 'NotebookCopy']
 
 # %% ../nbs/23_notebook_copy.ipynb #23n005
-STATIC_EVERY_S = 30.0    # s: the copy is made again at most this often (PNG drawing takes a fraction of a second)
+STATIC_EVERY_S = 30.0    # s: the copy is made again at most this often (an SVG takes a fraction of a second)
 
-def _image(fig) -> str:
-    "One figure as an <img>: a plotly figure as PNG (plots.with_png), an altair chart as SVG (figures.render)."
-    if isinstance(fig, alt.TopLevelMixin):                           # Chart, LayerChart, HConcatChart ...
-        data, mime = render(fig, "svg", 5.0, 3.0), "image/svg+xml"
-    else:
-        data, mime = with_png(fig).png(), "image/png"
-    return f'<img style="max-width: 49%; margin: 2px" src="data:{mime};base64,{base64.b64encode(data).decode("ascii")}">'
+def _image(chart) -> str:
+    "One altair chart (single, layered or concatenated) as an <img> of its SVG (figures.render, 5 x 3 inches)."
+    data = base64.b64encode(render(chart, "svg", 5.0, 3.0)).decode("ascii")
+    return f'<img style="max-width: 49%; margin: 2px" src="data:image/svg+xml;base64,{data}">'
 
 def static_copy(figures: dict, summary: str) -> str:
-    "HTML: the figures (name -> plotly figure or altair chart; None is skipped) as images in a <details> block collapsed under `summary`."
+    "HTML: the figures (name -> altair chart; None is skipped) as images in a <details> block collapsed under `summary`."
     shown = {k: f for k, f in figures.items() if f is not None}
     if not shown:
         raise ValueError("no figures to copy")

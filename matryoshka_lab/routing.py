@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import time
 
+import altair as alt
 import numpy as np
 import pandas as pd
+
+from .figures import Colours
+from .plots import titled
 
 # %% auto #0
 __all__ = ['POLICIES', 'mixed_accuracy', 'routing_curve', 'routing_summary', 'crossover', 'routing_gain', 'under_evaluation',
@@ -118,33 +122,28 @@ def under_evaluation(result: dict, evaluation: str) -> dict:
     return {**result, "runs": [{**r, "acc": r["acc_by_eval"][evaluation]} for r in result["runs"]]}
 
 # %% ../nbs/20_routing.ipynb #17c017
-_COLORS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14))
-
 def plot_routing(summary: pd.DataFrame, series=(("v5", "adaptive"), ("mrl", "full")), title: str = "Workload-adaptive routing"):
-    "Fig. 11: mean accuracy (±1 SD band) vs alpha (left) and vs average dims (right) for each (condition, policy) in series."
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy vs fraction of coarse queries", "Pareto view"))
-    for i, (c, p) in enumerate(series):
+    "Fig. 11 as two altair panels side by side (hconcat): for each (condition, policy) in series, in a colour of its own, the mean accuracy over seeds as a line with markers over its mean ± 1 SD band (zero width where the SD is NaN), against alpha (left) and against the average dims searched (right, the Pareto view)."
+    parts = []
+    for c, p in series:
         s = summary[(summary.condition == c) & (summary.policy == p)].sort_values("alpha")
         if s.empty:
             raise ValueError(f"no rows for condition {c!r} and policy {p!r} in the summary")
-        rgb = ",".join(map(str, _COLORS[i % len(_COLORS)]))
-        lo_d, hi_d = int(s.avg_dims.min()), int(s.avg_dims.max())
-        name = f"{c} {p} ({lo_d}d coarse / {hi_d}d fine)" if p == "adaptive" else f"{c} {p} ({hi_d}d)"
-        mean, sd = s.accuracy_mean.to_numpy(), s.accuracy_sd.fillna(0).to_numpy()
-        for col, x in ((1, s.alpha.to_numpy()), (2, s.avg_dims.to_numpy())):
-            fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[mean + sd, (mean - sd)[::-1]], fill="toself",
-                                     fillcolor=f"rgba({rgb},0.2)", line=dict(width=0), hoverinfo="skip",
-                                     showlegend=False, legendgroup=name), row=1, col=col)
-            fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", marker=dict(size=4), line=dict(color=f"rgb({rgb})"),
-                                     name=name, legendgroup=name, showlegend=col == 1, customdata=s.alpha,
-                                     hovertemplate="alpha %{customdata}<br>acc %{y:.4f}"), row=1, col=col)
-    fig.update_xaxes(title_text="alpha (fraction of coarse queries)", row=1, col=1)
-    fig.update_xaxes(title_text="average dims searched", row=1, col=2)
-    fig.update_yaxes(title_text="mixed k-NN accuracy", row=1, col=1)
-    fig.update_layout(title=title, height=420, width=980, legend=dict(orientation="h", y=-0.2))
-    return fig
+        d, sd = s.avg_dims.astype(int), s.accuracy_sd.fillna(0)
+        name = f"{c} {p} ({d.min()}d coarse / {d.max()}d fine)" if p == "adaptive" else f"{c} {p} ({d.max()}d)"
+        parts.append(pd.DataFrame({"series": name, "alpha": s.alpha, "avg_dims": s.avg_dims, "mean": s.accuracy_mean,
+                                   "lo": s.accuracy_mean - sd, "hi": s.accuracy_mean + sd}))
+    rows = pd.concat(parts, ignore_index=True)
+    colour = alt.Color("series:N", title=None, scale=Colours().scale(rows.series), legend=alt.Legend(orient="bottom", labelLimit=400, symbolOpacity=1))
+    tip = ["series:N", "alpha:Q", "avg_dims:Q", alt.Tooltip("mean:Q", title="acc", format=".4f")]
+    def panel(x: str, x_title: str, y_title: str | None, head: str):
+        x, y = alt.X(f"{x}:Q", title=x_title, scale=alt.Scale(zero=False)), alt.Y("mean:Q", title=y_title, scale=alt.Scale(zero=False))
+        return alt.layer(alt.Chart().mark_area(opacity=0.2).encode(x, alt.Y("lo:Q", title=y_title), alt.Y2("hi:Q"), colour),
+                         alt.Chart().mark_line(point=alt.OverlayMarkDef(size=16)).encode(x, y, colour, tooltip=tip)
+                         ).properties(title=head, width=400, height=300)
+    return titled(alt.hconcat(panel("alpha", "alpha (fraction of coarse queries)", "mixed k-NN accuracy",
+                                    "accuracy vs fraction of coarse queries"),
+                              panel("avg_dims", "average dims searched", None, "Pareto view"), data=rows), title)
 
 # %% ../nbs/20_routing.ipynb #17c020
 def _faiss():

@@ -5,10 +5,12 @@
 # %% ../nbs/20_run_figures.ipynb #20f002
 from __future__ import annotations
 
+import altair as alt
 import numpy as np
+import pandas as pd
 
 from .figures import fractal_rows, steerability_chart
-from .plots import cka_heatmap, correlation_heatmap, heatmap, spectrum_bars
+from .plots import cka_heatmap, correlation_heatmap, heatmap, spectrum_bars, titled
 
 # %% auto #0
 __all__ = ['GRIDS', 'SNAPSHOTS', 'snapshot_label', 'prefix_splits', 'snapshot_figure', 'steerability_curves']
@@ -35,7 +37,7 @@ def prefix_splits(D: int, dims=None) -> list[int]:
 def snapshot_figure(name: str, a: np.ndarray, dims=None,   # dims: the run's prefix sizes (config["dims"])
                     layer: int = -1, step: int | None = None,
                     split: int | None = None):             # diag_corr: the prefix d (default: prefix_splits' first)
-    "Plotly figure of snapshot `name`: variance spectrum of `layer`, correlation or CKA heatmap, [L+1, K] grid, or a plain view."
+    "The altair figure of snapshot `name`: variance spectrum of `layer`, correlation or CKA heatmap, [L+1, K] grid, or a plain view."
     a = np.asarray(a, dtype=np.float64)
     if name == "diag_variance" and a.ndim == 2 and len(a):
         fig = spectrum_bars(a[layer], dims, title=f"variance per dimension, layer {range(len(a))[layer]}")
@@ -47,13 +49,12 @@ def snapshot_figure(name: str, a: np.ndarray, dims=None,   # dims: the run's pre
     elif name == "diag_cka_layers" and a.ndim == 2:
         fig = cka_heatmap(a, title="linear CKA between layers")
     elif a.ndim == 2:
-        fig = heatmap(a, _labels(a.shape[1], dims), range(a.shape[0]), GRIDS.get(name, name), "prefix dim d", "layer",
-                      colorscale="Viridis")
+        fig = heatmap(a, _labels(a.shape[1], dims), range(a.shape[0]), GRIDS.get(name, name), "prefix dim d", "layer")
     else:
-        import plotly.graph_objects as go
-        fig = go.Figure(go.Scatter(y=a.ravel(), mode="lines+markers")).update_layout(title=f"{name} {a.shape}",
-                                                                                     height=360, width=620)
-    return fig if step is None else fig.update_layout(title=f"{fig.layout.title.text} (step {step})")
+        values = pd.DataFrame({"index": np.arange(a.size), "value": a.ravel()})
+        fig = titled(alt.Chart(values).mark_line(point=True).encode(x="index:Q", y="value:Q").properties(width=560, height=260),
+                     f"{name} {a.shape}")
+    return fig if step is None else titled(fig, f"{fig.title.text} (step {step})")
 
 # %% ../nbs/20_run_figures.ipynb #19c035s
 def steerability_curves(result: dict, name: str = "", evaluation: str | None = None):

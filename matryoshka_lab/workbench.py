@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import panel as pn
@@ -29,14 +30,14 @@ from .evaluations import CONFIG_BYTES, run_config, run_evals, step_cells
 from .figures import Colours, spectra_chart
 from .notebook_copy import STATIC_EVERY_S, NotebookCopy
 from .serving import jupyter_origins, serve_here
-from .plots import headline, plot_grid
+from .plots import headline, plot_grid, titled
 
 # %% auto #0
 __all__ = ['PERIOD_MS', 'POLL_BUDGET_S', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB', 'empty_figure',
-           'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval', 'RunPickerMixin',
-           'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench',
-           'build_app', 'show']
+           'MAX_POINTS', 'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB',
+           'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
+           'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
+           'Workbench', 'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -47,6 +48,7 @@ STEP_CLASS = "ml-step" # the element showing "step N" (tests find it by this cla
 NOT_DEFAULT = ("lr", "grad_norm", "deferred")   # training curves not shown until chosen (deferred: a count of rows, not a loss)
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
 MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
+MAX_POINTS = 2000      # a curve is drawn with at most this many points (a long run's thinned evenly, its last kept)
 SPECTRA_OVERLAYS = ("every layer at this step", "this layer at up to 6 steps")   # the Snapshots tab's overlay of spectra
 SMOOTHING = 0.6        # the training curves' smoothing at first (TensorBoard's default weight)
 TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
@@ -56,8 +58,7 @@ TABLE_ROWS = 500       # rows of the Compare table at most (it says when it show
 # %% ../nbs/24_workbench.ipynb #20c009
 def empty_figure(text: str):
     "A blank figure whose title says why it is blank."
-    import plotly.graph_objects as go
-    return go.Figure().update_layout(title=text, height=320, width=640, xaxis_visible=False, yaxis_visible=False)
+    return titled(alt.Chart(alt.Data(values=[])).mark_point().properties(width=600, height=280), text)
 
 def axis_title(names, fallback: str = "value", split: str = "train") -> str:
     "The y axis title of curves of `names` (records of `split`): the kind of metric they share (dashboard.metric_kind), '(x100)' for scores, else `fallback`."
@@ -74,30 +75,35 @@ def smooth(values, weight: float) -> np.ndarray:
         return x.to_numpy()
     return x.ewm(alpha=1 - weight, adjust=True, ignore_na=True).mean().where(x.notna()).to_numpy()
 
+def _thin(g: pd.DataFrame, most: int) -> pd.DataFrame:
+    "g's rows, at most `most` of them, evenly spaced, its last row kept."
+    keep = np.zeros(len(g), bool)
+    keep[::-(-len(g) // most)], keep[-1:] = True, True
+    return g[keep]
+
 def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0,
                  colours: Colours | None = None):   # a colour per name, the same in every redraw
-    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps); smoothing > 0 draws each smoothed (smooth) over the raw points of all of them, faint grey (one trace: a redraw costs one more trace, not one per curve)."
-    import plotly.graph_objects as go
+    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps), each of at most MAX_POINTS; smoothing > 0 draws each smoothed (smooth) over its raw points, faint grey."
     groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
     if not groups:
         return empty_figure(f"{title}: nothing yet")
     shown = [n for n in names if n in groups]
-    traces = []
-    if smoothing > 0:
-        gap = np.array([np.nan])                                               # NaN: a break between curves
-        xs = np.concatenate([a for n in shown for a in (groups[n].step.to_numpy(np.float64), gap)])
-        ys = np.concatenate([a for n in shown for a in (groups[n].value.to_numpy(np.float64), gap)])
-        traces.append(go.Scatter(x=xs, y=ys, mode="lines", line_color="rgba(110, 110, 110, 0.35)", showlegend=False,
-                                 hoverinfo="skip", name="raw"))
-    traces += [go.Scatter(x=g.step, y=smooth(g.value, smoothing) if smoothing > 0 else g.value, name=n,
-                          mode="lines+markers" if len(g) <= MARKERS_UP_TO else "lines",
-                          line_color=colours[n] if colours is not None else None)
-               for n in shown for g in [groups[n]]]
-    return go.Figure(data=traces,                                              # one layout: update_layout is slow
-                     layout=dict(title=title, xaxis_title="step", yaxis_title=y_title, height=360, width=760,
-                                 xaxis_rangemode="nonnegative",                 # one point at step 0: no axis from -1
-                                 legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),   # below: keeps its width
-                                 margin=dict(l=55, r=15, t=50, b=40)))         # (plotly's 80 px sides halve a notebook's)
+    data = pd.concat([_thin(pd.DataFrame({"name": n, "step": g.step.to_numpy(np.int64), "raw": g.value.to_numpy(np.float64),
+                                          "value": smooth(g.value, smoothing) if smoothing > 0 else g.value.to_numpy(np.float64),
+                                          "few": len(g) <= MARKERS_UP_TO}), MAX_POINTS)
+                      for n in shown for g in [groups[n]]], ignore_index=True)
+    x, y = alt.X("step:Q", title="step"), alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False))
+    colour = dict(field="name", type="nominal", sort=shown, scale=(colours or Colours()).scale(shown), title=None)
+    base, tip = alt.Chart(data), ["name:N", "step:Q", alt.Tooltip("value:Q", format=".4g")]
+    layers = [base.mark_line(strokeWidth=1.5).encode(x, y, alt.Color(**colour, legend=alt.Legend(orient="bottom", columns=3,
+                                                                                                  labelLimit=320)), tooltip=tip)]
+    if data.few.any():                                                         # sparse curves (evaluations) show points
+        layers.append(base.transform_filter("datum.few").mark_point(filled=True, size=24, opacity=1).encode(
+            x, y, alt.Color(**colour, legend=None), tooltip=tip))
+    if smoothing > 0:                                                          # the raw points under the smoothed
+        layers.insert(0, base.mark_line(color="#6e6e6e", opacity=0.35, strokeWidth=1).encode(
+            x, alt.Y("raw:Q", title=y_title, scale=alt.Scale(zero=False)), detail="name:N"))
+    return titled(alt.layer(*layers).properties(width=700, height=270), title)
 
 def default_train(names: list[str]) -> list[str]:
     "The loss, its unprefixed parts (not lr, grad_norm) and the deepest layer's per-prefix parts L{l}/d{d}/..., at most MAX_CURVES."
@@ -368,8 +374,7 @@ class EvalGridMixin:
             fig = plot_grid(at, task, metric)
             cells, step = step_cells(self._grids), self.grid_slider.value   # a step a kill cut short (or being written) says so
             partial = "" if cells.complete.get(step, True) else f", partial: {cells.cells[step]} of {cells.cells.max()} cells"
-            title = f"{fig.layout.title.text}<br><sup>evaluated at step {step}{partial}</sup>"   # a narrow pane cuts one long line
-            self.grid_plot.object = fit(fig.update_layout(title=title))
+            self.grid_plot.object = fit(titled(fig, fig.title.text, f"evaluated at step {step}{partial}"))
         except ValueError as err:
             self.grid_plot.object = fit(empty_figure(f"{task} / {metric} at step {self.grid_slider.value}: {err}"))
 
@@ -599,7 +604,7 @@ class CompareMixin:
                                  + styler.to_html() + "</div>")
         fig = compare_bars(df, [c for c in df.columns if c not in deltas and c != "as of step"],
                            caveat="(different methods: different losses)" if mixed else "", colours=self.colours)
-        self.cmp_plot.height = fig.layout.height
+        self.cmp_plot.height = 70 + 215 * len(fig.vconcat)   # px: a panel of 150 with its title and labels
         self.cmp_plot.object = fit(fig)
 
     def _run_config(self, name: str) -> dict:
@@ -772,7 +777,7 @@ def show(root: str | Path | None = None,   # the runs root; default $MATRYOSHKA_
                 wb.copy.show(now=False)                          # an output above the live app's, made on its thread
                 wb.served = serve_here(wb.layout, wb.tick, origins, period_ms)   # it ticks the workbench on its thread
             else:
-                pn.extension("plotly", "vega", inline=True)
+                pn.extension("vega", inline=True)
         if wb.served is None:
             wb.callback = pn.state.add_periodic_callback(wb.tick, period=period_ms)
         _SHOWN[key] = wb

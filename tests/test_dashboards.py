@@ -242,15 +242,15 @@ def test_app_on_empty_nan_halfwritten_and_deleted_runs(tmp_path):
     wb.picker.value = "live"
     assert wb.step.object == "step 5" and "loss" in wb.train_choice.value
     assert "stsb_dev/L2/d4/spearman" in wb.eval_choice.value
-    mrl = [tr for tr in wb.train_plot.object.data if tr.name == "mrl"][0]
-    assert np.isnan(np.asarray(mrl.y, float)).sum() == 1               # the NaN is a gap, not a crash
+    mrl = wb.train_plot.object.data.query("name == 'mrl'")
+    assert np.isnan(mrl.raw.to_numpy(float)).sum() == 1                # the NaN is a gap, not a crash
     assert list(wb.array_select.values) == ["diag_cka_layers", "diag_variance", "diag_xcorr", "nc1"]
     assert list(wb.snap_slider.options) == [1, 2, 3, 4, 5] and wb.snap_slider.value == 5
     for name in wb.array_select.values:
         wb.array_select.value = name
-        assert "step 5" in wb.snap_plot.object.layout.title.text
+        assert "step 5" in wb.snap_plot.object.title.text
     wb.snap_slider.value = 2
-    assert "step 2" in wb.snap_plot.object.layout.title.text
+    assert "step 2" in wb.snap_plot.object.title.text
     with open(root / "live" / "metrics.jsonl", "a") as f:
         f.write('ue": 1}\n{"step": 7, "time": 1.0, "split": "train", "name": "loss", "value": NaN}\n')
     wb.tick()
@@ -296,7 +296,7 @@ wb.tick()
 print("z:", wb.step.object, "|", wb.config, "|", wb.steer_select.options)
 wb.picker.value = "w"
 wb.array_select.value = "diag_variance"
-print("w:", list(wb.snap_slider.options), "|", wb.snap_plot.object.layout.title.text)
+print("w:", list(wb.snap_slider.options), "|", wb.snap_plot.object.title.text)
 print("grids:", list(find_grids(wb.root)))
 """
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -1184,7 +1184,7 @@ def test_browser_follows_a_sentence_transformers_run(tmp_path, tiny_model_dir):
             seen = []                                             # (step shown, grid title's step) while it trains
             while proc.poll() is None and len(seen) < 40 and time.time() < deadline:
                 text = shown(step)
-                titles = " ".join(page.locator(".gtitle").all_text_contents())      # the Snapshots tab's title has a step too
+                titles = " ".join(page.locator(".role-title").all_text_contents())  # Vega's titles; the Snapshots tab's has a step too
                 grid = re.findall(r"evaluated at step (\d+)", titles)
                 if (m := re.search(r"step (\d+)", text)):
                     seen.append((int(m.group(1)), int(grid[-1]) if grid else None))

