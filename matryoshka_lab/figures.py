@@ -14,7 +14,6 @@ from pathlib import Path
 import altair as alt
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from .budget import RETRIEVAL_METRIC, advise, budget_cells, pareto
 from .plots import PAPER, grid_table, headline, plot_grid, titled, vl_converter
@@ -81,6 +80,7 @@ def seed_summary(df: pd.DataFrame, by: str = "run", confidence: float = CONFIDEN
 def _interval(df: pd.DataFrame, keys: list[str], value: str, confidence: float) -> pd.DataFrame:
     "Per group of `keys`, over its rows of `value`: mean, n, sd and the Student-t interval lo, hi of the mean."
     out = df.groupby(keys, sort=False)[value].agg(mean="mean", n="count", sd="std").reset_index()
+    from scipy import stats        # here, not at the top: 0.5 s of the workbench's import, for the intervals alone
     half = stats.t.ppf(0.5 + confidence / 2, out.n - 1) * out.sd / np.sqrt(out.n)
     return out.assign(lo=out["mean"] - half, hi=out["mean"] + half)
 
