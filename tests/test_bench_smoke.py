@@ -98,3 +98,16 @@ def test_grad_cache_bench_runs_at_tiny_sizes(data_dir, tiny_model_dir, tmp_path)
         ours, theirs = result["round_seconds"]["cached"][b], result["round_seconds"]["st_cached"][b]
         assert result["cached_over_st_cached_rounds"][b] == [round(x / y, 3) for x, y in zip(ours, theirs)]
         assert result["cached_over_st_cached"][b] == result["cached_over_st_cached_rounds"][b][0]   # one round
+
+
+def test_bench_readme_indexes_every_script_and_its_files():
+    "bench/README.md has a row for every script in bench/ (none listed that is gone), and every result file it names is committed."
+    import re
+    text = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    rows = [l for l in text.splitlines() if l.startswith("| `")]
+    listed = [re.match(r"\| `([^`]+)`", l)[1] for l in rows]
+    scripts = sorted(p.name for p in (ROOT / "bench").iterdir() if p.suffix in (".py", ".sh"))
+    assert sorted(listed) == scripts, (sorted(set(scripts) - set(listed)), sorted(set(listed) - set(scripts)))
+    named = [f for l in rows for f in re.findall(r"`([\w.]+\.(?:json|txt))`", l.split("|")[3])]
+    assert named and all((ROOT / "results" / "bench" / f).is_file() for f in named), \
+        [f for f in named if not (ROOT / "results" / "bench" / f).is_file()]
