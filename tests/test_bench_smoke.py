@@ -1,4 +1,4 @@
-"""Benches run as a user would (a subprocess) at tiny sizes: bench/gpu_step.py on the CPU (every setup runs, the last
+"""Benches run as a user would (a subprocess) at tiny sizes, and the indexes of bench/ and experiments/: bench/gpu_step.py on the CPU (every setup runs, the last
 line is the JSON the GPU run reports, also written by --out), bench/funnel.py and bench/watch_overhead.py with a tiny model."""
 import json
 import os
@@ -111,3 +111,11 @@ def test_bench_readme_indexes_every_script_and_its_files():
     named = [f for l in rows for f in re.findall(r"`([\w.]+\.(?:json|txt))`", l.split("|")[3])]
     assert named and all((ROOT / "results" / "bench" / f).is_file() for f in named), \
         [f for f in named if not (ROOT / "results" / "bench" / f).is_file()]
+
+
+def test_experiments_readme_indexes_every_script():
+    "experiments/README.md has a row for every script in experiments/, and none for a script that is gone."
+    import re
+    text = (ROOT / "experiments" / "README.md").read_text(encoding="utf-8")
+    listed = sorted(re.match(r"\| `([^`]+)`", l)[1] for l in text.splitlines() if l.startswith("| `"))
+    assert listed == sorted(p.name for p in (ROOT / "experiments").glob("*.py"))
