@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import html
 import json
-import os
 import re
 import time
 from pathlib import Path
