@@ -9,11 +9,12 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from .figures import fractal_rows, steerability_chart
+from .figures import Colours, fractal_rows, steerability_chart
 from .plots import cka_heatmap, correlation_heatmap, heatmap, spectrum_bars, titled
 
 # %% auto #0
-__all__ = ['GRIDS', 'SNAPSHOTS', 'snapshot_label', 'prefix_splits', 'snapshot_figure', 'steerability_curves']
+__all__ = ['GRIDS', 'SNAPSHOTS', 'MARKERS_UP_TO', 'MAX_POINTS', 'snapshot_label', 'prefix_splits', 'snapshot_figure',
+           'steerability_curves', 'empty_figure', 'smooth', 'lines_figure']
 
 # %% ../nbs/20_run_figures.ipynb #19c030
 GRIDS = {"diag_erank": "effective rank", "diag_cv": "coefficient of variation", "diag_cka_prefix": "CKA(prefix, full)",
@@ -63,3 +64,49 @@ def steerability_curves(result: dict, name: str = "", evaluation: str | None = N
     said = ", ".join(f"{v:+.3f} ({c})" for c, v in s.items())
     return steerability_chart(fractal_rows(result, evaluation), subtitle=f"mean S = {said}" if said else "",
                               title=f"{name + ': ' if name else ''}accuracy per level against prefix size")
+
+# %% ../nbs/20_run_figures.ipynb #20f041
+MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
+MAX_POINTS = 2000      # a curve is drawn with at most this many points (a long run's thinned evenly, its last kept)
+
+def empty_figure(text: str):
+    "A blank figure whose title says why it is blank."
+    return titled(alt.Chart(alt.Data(values=[])).mark_point().properties(width=600, height=280), text)
+
+def smooth(values, weight: float) -> np.ndarray:
+    "TensorBoard's smoothing of a curve: an exponential moving average with `weight` on the past, its start-up bias divided out (sum of weight^i x_(n-i) over sum of weight^i: pandas' adjusted ewm); a NaN stays a gap and is skipped."
+    x = pd.Series(np.asarray(values, dtype=np.float64))
+    if weight <= 0:
+        return x.to_numpy()
+    return x.ewm(alpha=1 - weight, adjust=True, ignore_na=True).mean().where(x.notna()).to_numpy()
+
+def _thin(g: pd.DataFrame, most: int) -> pd.DataFrame:
+    "g's rows, at most `most` of them, evenly spaced, its last row kept."
+    keep = np.zeros(len(g), bool)
+    keep[::-(-len(g) // most)], keep[-1:] = True, True
+    return g[keep]
+
+def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0,
+                 colours: Colours | None = None):   # a colour per name, the same in every redraw
+    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps), each of at most MAX_POINTS; smoothing > 0 draws each smoothed (smooth) over its raw points, faint grey."
+    groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
+    if not groups:
+        return empty_figure(f"{title}: nothing yet")
+    shown = [n for n in names if n in groups]
+    data = pd.concat([_thin(pd.DataFrame({"name": n, "step": g.step.to_numpy(np.int64), "raw": g.value.to_numpy(np.float64),
+                                          "value": smooth(g.value, smoothing) if smoothing > 0 else g.value.to_numpy(np.float64),
+                                          "few": len(g) <= MARKERS_UP_TO}), MAX_POINTS)
+                      for n in shown for g in [groups[n]]], ignore_index=True)
+    x, y = alt.X("step:Q", title="step"), alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False))
+    colour = dict(field="name", type="nominal", sort=shown, scale=(colours or Colours()).scale(shown), title=None)
+    base, tip = alt.Chart(data), ["name:N", "step:Q", alt.Tooltip("value:Q", format=".4g")]
+    layers = [base.mark_line(strokeWidth=1.5).encode(x, y, alt.Color(**colour, legend=alt.Legend(orient="bottom", columns=3,
+                                                                                                  labelLimit=320)), tooltip=tip)]
+    if data.few.any():                                                         # sparse curves (evaluations) show points
+        layers.append(base.transform_filter("datum.few").mark_point(filled=True, size=24, opacity=1).encode(
+            x, y, alt.Color(**colour, legend=None), tooltip=tip))
+    if smoothing > 0:                                                          # the raw points under the smoothed
+        layers.insert(0, base.mark_line(color="#6e6e6e", opacity=0.35, strokeWidth=1).encode(
+            x, alt.Y("raw:Q", title=y_title, scale=alt.Scale(zero=False)), detail="name:N"))
+    return titled(alt.layer(*layers).properties(width=700, height=270), title)
+

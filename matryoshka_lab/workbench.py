@@ -12,7 +12,6 @@ import re
 import time
 from pathlib import Path
 
-import altair as alt
 import numpy as np
 import pandas as pd
 import panel as pn
@@ -21,7 +20,8 @@ from .dashboard import (
     GRID_NAME, RUNS_ENV, MetricsTail, compare_frame, eval_grids, fractal_results,
     is_run, last_layer_pattern, list_arrays, list_snapshots, load_snapshot, metric_direction, metric_kind, natural_key,
     read_file, resolve_run, run_file, runs_root, safe_runs)   # (a long last line: nbdev makes this import relative only then)
-from .run_figures import prefix_splits, snapshot_figure, snapshot_label, steerability_curves
+from .run_figures import (empty_figure, lines_figure, prefix_splits, snapshot_figure, snapshot_label,
+                                         steerability_curves)
 from .compare import PrefixCompare, compare_bars
 from .exports import FIGURE_HEIGHT, GRID_HEIGHT, SIDEBAR, chart_exports, figure_pane, fit, tab, text_options, with_exports
 from .grid_tabs import BudgetBrowser, GridBrowser, offer
@@ -32,11 +32,10 @@ from .serving import jupyter_origins, serve_here
 from .plots import headline, plot_grid, titled
 
 # %% auto #0
-__all__ = ['PERIOD_MS', 'POLL_BUDGET_S', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES', 'MARKERS_UP_TO',
-           'MAX_POINTS', 'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB',
-           'empty_figure', 'axis_title', 'smooth', 'lines_figure', 'default_train', 'headline_pair', 'default_eval',
-           'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin', 'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin',
-           'Workbench', 'build_app', 'show']
+__all__ = ['PERIOD_MS', 'POLL_BUDGET_S', 'SLOW_EVERY', 'PLOT_EVERY_S', 'STEP_CLASS', 'NOT_DEFAULT', 'MAX_CURVES',
+           'SPECTRA_OVERLAYS', 'SMOOTHING', 'TABLE_HEIGHT', 'TABLE_ROWS', 'WAIT_S', 'COMPARE_TAB', 'axis_title',
+           'default_train', 'headline_pair', 'default_eval', 'RunPickerMixin', 'MonitorMixin', 'EvalGridMixin',
+           'SnapshotMixin', 'SteerabilityMixin', 'CompareMixin', 'Workbench', 'build_app', 'show']
 
 # %% ../nbs/24_workbench.ipynb #20c006
 PERIOD_MS = 500        # the live monitor polls metrics.jsonl this often
@@ -46,8 +45,6 @@ PLOT_EVERY_S = 1.0     # curves are redrawn at most this often; the step pane on
 STEP_CLASS = "ml-step" # the element showing "step N" (tests find it by this class)
 NOT_DEFAULT = ("lr", "grad_norm", "deferred")   # training curves not shown until chosen (deferred: a count of rows, not a loss)
 MAX_CURVES = 8         # curves drawn by default (more can be chosen)
-MARKERS_UP_TO = 60     # a curve with at most this many points also shows its points (evaluations are sparse)
-MAX_POINTS = 2000      # a curve is drawn with at most this many points (a long run's thinned evenly, its last kept)
 SPECTRA_OVERLAYS = ("every layer at this step", "this layer at up to 6 steps")   # the Snapshots tab's overlay of spectra
 SMOOTHING = 0.6        # the training curves' smoothing at first (TensorBoard's default weight)
 TABLE_HEIGHT = 360     # px: the Compare table scrolls inside this height
@@ -55,10 +52,6 @@ TABLE_ROWS = 500       # rows of the Compare table at most (it says when it show
 
 
 # %% ../nbs/24_workbench.ipynb #20c009
-def empty_figure(text: str):
-    "A blank figure whose title says why it is blank."
-    return titled(alt.Chart(alt.Data(values=[])).mark_point().properties(width=600, height=280), text)
-
 def axis_title(names, fallback: str = "value", split: str = "train") -> str:
     "The y axis title of curves of `names` (records of `split`): the kind of metric they share (dashboard.metric_kind), '(x100)' for scores, else `fallback`."
     kinds = {metric_kind(n) for n in names}
@@ -66,43 +59,6 @@ def axis_title(names, fallback: str = "value", split: str = "train") -> str:
         return fallback
     scores = split != "train" and all(metric_direction(split, n) > 0 for n in names)   # the evaluator's scores are x100
     return kinds.pop() + (" (x100)" if scores else "")
-
-def smooth(values, weight: float) -> np.ndarray:
-    "TensorBoard's smoothing of a curve: an exponential moving average with `weight` on the past, its start-up bias divided out (sum of weight^i x_(n-i) over sum of weight^i: pandas' adjusted ewm); a NaN stays a gap and is skipped."
-    x = pd.Series(np.asarray(values, dtype=np.float64))
-    if weight <= 0:
-        return x.to_numpy()
-    return x.ewm(alpha=1 - weight, adjust=True, ignore_na=True).mean().where(x.notna()).to_numpy()
-
-def _thin(g: pd.DataFrame, most: int) -> pd.DataFrame:
-    "g's rows, at most `most` of them, evenly spaced, its last row kept."
-    keep = np.zeros(len(g), bool)
-    keep[::-(-len(g) // most)], keep[-1:] = True, True
-    return g[keep]
-
-def lines_figure(df: pd.DataFrame, names: list[str], title: str, y_title: str, smoothing: float = 0.0,
-                 colours: Colours | None = None):   # a colour per name, the same in every redraw
-    "One line per metric name of a MetricsTail.frame() table, in the order of names (NaN values leave gaps), each of at most MAX_POINTS; smoothing > 0 draws each smoothed (smooth) over its raw points, faint grey."
-    groups = dict(list(df[df.name.isin(names)].groupby("name", sort=False)))
-    if not groups:
-        return empty_figure(f"{title}: nothing yet")
-    shown = [n for n in names if n in groups]
-    data = pd.concat([_thin(pd.DataFrame({"name": n, "step": g.step.to_numpy(np.int64), "raw": g.value.to_numpy(np.float64),
-                                          "value": smooth(g.value, smoothing) if smoothing > 0 else g.value.to_numpy(np.float64),
-                                          "few": len(g) <= MARKERS_UP_TO}), MAX_POINTS)
-                      for n in shown for g in [groups[n]]], ignore_index=True)
-    x, y = alt.X("step:Q", title="step"), alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False))
-    colour = dict(field="name", type="nominal", sort=shown, scale=(colours or Colours()).scale(shown), title=None)
-    base, tip = alt.Chart(data), ["name:N", "step:Q", alt.Tooltip("value:Q", format=".4g")]
-    layers = [base.mark_line(strokeWidth=1.5).encode(x, y, alt.Color(**colour, legend=alt.Legend(orient="bottom", columns=3,
-                                                                                                  labelLimit=320)), tooltip=tip)]
-    if data.few.any():                                                         # sparse curves (evaluations) show points
-        layers.append(base.transform_filter("datum.few").mark_point(filled=True, size=24, opacity=1).encode(
-            x, y, alt.Color(**colour, legend=None), tooltip=tip))
-    if smoothing > 0:                                                          # the raw points under the smoothed
-        layers.insert(0, base.mark_line(color="#6e6e6e", opacity=0.35, strokeWidth=1).encode(
-            x, alt.Y("raw:Q", title=y_title, scale=alt.Scale(zero=False)), detail="name:N"))
-    return titled(alt.layer(*layers).properties(width=700, height=270), title)
 
 def default_train(names: list[str]) -> list[str]:
     "The loss, its unprefixed parts (not lr, grad_norm) and the deepest layer's per-prefix parts L{l}/d{d}/..., at most MAX_CURVES."
