@@ -102,10 +102,7 @@ def _tasks(tasks: str, summary: pd.DataFrame) -> list[str]:
     "'sts': the STS test sets; 'all': every task of the result file; else a comma list, each checked to be present."
     present = list(dict.fromkeys(summary.task))
     chosen = list(STS_TEST) if tasks == "sts" else present if tasks == "all" else [t.strip() for t in tasks.split(",")]
-    missing = [t for t in chosen if t not in present]
-    if missing:
-        raise ValueError(f"the result file has no rows for {', '.join(map(repr, missing))}; it has {', '.join(present)}")
-    return chosen
+    return _methods(chosen, present)   # each checked to be present, as a table's methods are
 
 def _one_metric(tasks: list[str], summary: pd.DataFrame) -> str:
     "The papers' metric the tasks share (a cell that averages tasks averages one metric); a task of your own (a folder by path: not registered) has the first of the papers' metrics its rows hold."
@@ -865,10 +862,11 @@ def grad_cache_table(results="results", file: str = "grad_cache_cpu.json") -> st
 
 # %% ../../nbs/studies/06_report.ipynb #21c015r
 REFERENCE_METHODS = tuple(f"untrained+{k}" for k in REFERENCES)   # results/references/SETTING's rows
-LABELS.update({"base_d16": "base, trained for d = 16 alone", "base_d64": "base, trained for d = 64 alone",
-               "base+pca": "base + its own PCA", **{f"untrained+{k}": f"untrained + {v}" for k, v in {
-                   "pca": "PCA", "random": "random rotation", "adaptor": "Matryoshka-Adaptor",
-                   "adaptor_sup": "Matryoshka-Adaptor, supervised", "csr": "CSR (the prefix's bytes)"}.items()}})
+LABELS.update({"base_d16": "base, trained for d = 16 alone", "base_d64": "base, trained for d = 64 alone"})
+LABELS.update({f"{m}+pca": f"{LABELS[m].split(' (')[0]} + its own PCA" for m in "base mrl 2dmse ese mipic mic".split()})
+LABELS.update({f"untrained+{k}": f"untrained + {v}" for k, v in {
+    "pca": "PCA", "random": "random rotation", "adaptor": "Matryoshka-Adaptor", "adaptor_sup": "Matryoshka-Adaptor, supervised",
+    "csr": "CSR (the prefix's bytes)"}.items()})
 
 def _with_references(results, setting: str) -> pd.DataFrame:
     "results/baselines/SETTING's rows and results/references/SETTING's, a CSR code of k active units placed at the prefix size of its bytes (8 k = 4 d: d = 2 k), the untrained model's rows given to every seed (it has none: a method's seed s is paired with the same untrained cells)."
