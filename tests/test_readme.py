@@ -85,6 +85,43 @@ def test_readme_is_short_and_points_to_the_results():
     assert len(readme.splitlines()) <= 200 and "RESULTS.md" in readme
 
 
+def prose_paragraphs(text: str) -> list[tuple[int, str]]:
+    "(first line, text) of every prose paragraph: lines between blank lines, a list item its own; tables, markers, figures and headings are not prose."
+    paragraphs, lines, start = [], [], 0
+    for i, line in enumerate(text.splitlines() + [""], 1):
+        if not line.strip() or line.startswith(("|", "<!--", "![", "#")):
+            if lines:
+                paragraphs.append((start, " ".join(lines)))
+            lines = []
+            continue
+        if line.startswith(("- ", "* ", "1. ")) or re.match(r"\d+\. ", line):
+            if lines:
+                paragraphs.append((start, " ".join(lines)))
+            lines = []
+        if not lines:
+            start = i
+        lines.append(line.strip())
+    return paragraphs
+
+
+def heading_anchors(text: str) -> set[str]:
+    "The anchors GitHub gives the page's headings: lower case, punctuation but hyphens dropped, spaces as hyphens."
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_results_page_opens_with_its_findings():
+    "RESULTS.md's first section is what we learned: 8-12 findings, each with a result file and a link to the section that shows it; every in-page link lands on a heading, and no paragraph runs over 150 words."
+    text = RESULTS_MD.read_text(encoding="utf-8")
+    first = text.split("\n## ", 2)[1]
+    assert first.startswith("What we learned"), first.splitlines()[0]
+    findings = [p for _, p in prose_paragraphs(first) if re.match(r"\d+\. ", p)]
+    assert 8 <= len(findings) <= 12, len(findings)
+    assert [f for f in findings if "results/" not in f or "](#" not in f] == []
+    anchors = heading_anchors(text)
+    assert sorted(set(re.findall(r"\]\(#([^)]+)\)", text)) - anchors) == []
+    assert [(line, len(p.split())) for line, p in prose_paragraphs(text) if len(p.split()) > 150] == []
+
+
 def test_readme_and_results_link_every_figure():
     "Every image the README and RESULTS.md show is a committed figure, and every figure report.FIGURES draws is shown."
     from matryoshka_lab.studies.report import FIGURES
