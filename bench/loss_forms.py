@@ -3,7 +3,7 @@
     python bench/loss_forms.py [--device cuda] [--batch-size 256] [--rounds 20] [--out FILE]
 
 Off the CPU four losses compute their terms at once instead of one after another (07_losses, 15_mipic): MRL's
-prefixes (`info_nce_prefixes` under InfoNCE; under AnglE's three terms, `angle_objective.prefixes`: every prefix laid
+prefixes (`info_nce_prefixes` under InfoNCE; under AnglE's three terms, `angle_objective_prefixes`: every prefix laid
 out in its halves, zero-padded), 2DMSE's two layers per width (`TwoDMSE.stacked_terms`), ESE's layers
 (`ESE.stacked_terms`), each under InfoNCE and under AnglE, and MIPIC's PIC steps (`info_nce_stacked` on the steps
 zero-padded to the widest); AnglE's gold scores here are random, 0-5. On a GPU a step is bound by the host issuing
@@ -28,8 +28,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from matryoshka_lab.core import provenance, resolve_device
-from matryoshka_lab.losses import (ESE, TwoDMSE, angle_objective, ese_projection, info_nce, info_nce_prefixes,
-                                   info_nce_stacked)
+from matryoshka_lab.losses import (ESE, TwoDMSE, angle_objective, angle_objective_prefixes, ese_projection, info_nce,
+                                   info_nce_prefixes, info_nce_stacked)
 from matryoshka_lab.mipic import MIPIC, anchor_states
 from matryoshka_lab.runs import write_json
 from timing import clock                          # bench/ is the script's folder
@@ -69,7 +69,7 @@ def forms(device, batch_size, gen):
                 lambda x, y: info_nce_prefixes(x, y, DIMS)),
         "mrl_angle": ((a[-1], b[-1]),
                       lambda x, y: torch.stack([angle_objective(x[:, :d], y[:, :d], score) for d in DIMS]),
-                      lambda x, y: angle_objective.prefixes(x, y, DIMS, score)),
+                      lambda x, y: angle_objective_prefixes(x, y, DIMS, score)),
         "2dmse": ((a, b),
                   lambda x, y: two_d(TwoDMSE(info_nce).looped_terms(x, y, None, cells)),
                   lambda x, y: two_d(TwoDMSE(info_nce).stacked_terms(x, y, None, cells))),

@@ -9,14 +9,11 @@ import ctypes
 import multiprocessing
 import os
 import signal
-import threading
 import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 import torch
-
-from . import encoder as encoder_module
 
 # %% auto #0
 __all__ = ['pin_batch', 'BatchesAhead', 'batch_target']
@@ -45,7 +42,6 @@ def _start_worker(make, parent: int) -> None:
     global _worker_make
     _worker_make = make
     torch.set_num_threads(1)      # as DataLoader's workers: the intra-op pool the parent used does not survive a fork
-    encoder_module._TOKENIZER_LOCK = threading.Lock()   # a thread tokenising at the fork held it: never released here
     try:                          # Linux ends this process when its parent dies: a killed trainer leaves no worker waiting
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)       # prctl(PR_SET_PDEATHSIG, SIGKILL)
     except (OSError, AttributeError):                    # not Linux: the worker ends with the parent's atexit, or lingers

@@ -264,7 +264,7 @@ def _data_notes(args, tasks: list[str]) -> None:
     if args.run_dir is None:
         return
     from matryoshka_lab.data import task_name
-    from matryoshka_lab.provenance import data_changes, read_used
+    from matryoshka_lab.data_used import data_changes, read_used
     evaluated = [e.get("task") for e in read_used(args.run_dir).get("eval", []) if isinstance(e, dict)]
     if evaluated and [task_name(t) for t in tasks] != evaluated:
         print(f"note: the run was evaluated on {', '.join(map(str, evaluated))} (data_used.json); these scores are of "
@@ -386,7 +386,7 @@ def _train(args) -> int:
     if not main_process:
         return 0
     from matryoshka_lab.runs import read_run
-    from matryoshka_lab.provenance import read_used
+    from matryoshka_lab.data_used import read_used
     run = read_run(cfg.run_dir)
     loss = run.metrics[(run.metrics.split == "train") & (run.metrics.name == "loss")]
     if len(loss):

@@ -20,7 +20,7 @@ import torch
 # %% auto #0
 __all__ = ['PRECISIONS', 'DATA_ENV', 'resolve_device', 'constant', 'cpu_has_native_bf16', 'check_precision', 'resolve_precision',
            'autocast', 'seed_everything', 'resolve_data_dir', 'hub_offline', 'hub_reachable', 'git_commit',
-           'provenance', 'parse_layers', 'parse_dims']
+           'provenance', 'require_faiss', 'parse_layers', 'parse_dims']
 
 # %% ../nbs/00_core.ipynb #00c006
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -163,6 +163,15 @@ def provenance(command: str) -> dict:
     from matryoshka_lab import __version__
     return {"command": command, "library_version": __version__, "commit": git_commit(),
             "written": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+# %% ../nbs/00_core.ipynb #00c0f1
+def require_faiss(feature: str):
+    "The faiss module, or an ImportError that names the `feature` needing it and how to install it."
+    try:
+        import faiss
+    except ImportError as err:
+        raise ImportError(f"{feature} needs faiss: pip install faiss-cpu") from err
+    return faiss
 
 # %% ../nbs/00_core.ipynb #00c015
 def _int_list(spec, what: str) -> list[int] | None:

@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 
 from .budget import bytes_per_vector
+from .core import require_faiss
 from .encoder import Encoder
 from .eval import binary_codes, retrieval_metrics
-from .routing import _faiss, build_index, unit_prefix
+from .routing import build_index, unit_prefix
 
 # %% auto #0
 __all__ = ['FUNNEL_PRECISIONS', 'FUNNEL_INDEXES', 'SHORTLISTS', 'DEFAULT_SHORTLIST', 'embed_texts', 'FunnelIndex', 'funnel_curve',
@@ -66,7 +67,7 @@ class FunnelIndex:
     def __init__(self, corpus, prefix: int, precision: str = "binary", index: str = "flat", ids=None, encoder=None,
                  shortlist: int = DEFAULT_SHORTLIST, hnsw_m: int = 32, ef_construction: int = 40, ef_search: int = 64,
                  batch_size: int = 64, progress: bool = True):
-        faiss = _faiss()
+        faiss = require_faiss("a funnel index")
         self.encoder = Encoder.from_pretrained(encoder) if isinstance(encoder, (str, Path)) else encoder   # loaded once
         self.batch_size = batch_size
         c = self._vectors(corpus, "corpus", progress)
@@ -209,7 +210,7 @@ def funnel_curve(queries: np.ndarray, corpus: np.ndarray, qrels, prefixes=(32, 6
                  seed: int = 0, progress: bool = True) -> pd.DataFrame:
     "Quality (all queries) and per-query latency (n_timed queries, side by side) of exact search, full-width HNSW and every funnel setting."
     from tqdm.auto import tqdm
-    faiss = _faiss()
+    faiss = require_faiss("the funnel curve")
     q, c = np.asarray(queries, dtype=np.float32), np.asarray(corpus, dtype=np.float32)
     D = c.shape[1] if c.ndim == 2 else 0
     if q.ndim != 2 or q.shape[1] != D or len(q) != len(qrels):
@@ -270,7 +271,7 @@ def best_funnel(curve: pd.DataFrame, min_ratio: float = 0.99) -> pd.Series | Non
 # %% ../nbs/26_deploy.ipynb #26c031
 def _sq8(x: np.ndarray):
     "FAISS's 8-bit scalar quantizer index (inner product) trained on and holding the rows of x."
-    faiss = _faiss()
+    faiss = require_faiss("int8 codes")
     index = faiss.IndexScalarQuantizer(x.shape[1], faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     index.train(x)
     index.add(x)
@@ -286,7 +287,7 @@ def _rescored(x: np.ndarray, index, code, xb: np.ndarray, k: int, n: int) -> np.
 def search_latency(corpus: np.ndarray, queries: np.ndarray, dims, precisions=("float32", "int8", "binary", "int8+rescore", "binary+rescore"),
                    k: int = 10, rescore: int = 2, n_timed: int = 200, rounds: int = 3, threads: int = 1, seed: int = 0) -> pd.DataFrame:
     "Per-query latency (us, median) of one top-k search of a single-stage index over the unit d-prefixes of corpus [N, D], per (dim, precision)."
-    faiss = _faiss()
+    faiss = require_faiss("the search latency benchmark")
     c, q = np.asarray(corpus, dtype=np.float32), np.asarray(queries, dtype=np.float32)
     timed = q[np.random.default_rng(seed).choice(len(q), min(n_timed, len(q)), replace=False)]
     searches = {}

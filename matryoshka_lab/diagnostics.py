@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .core import parse_dims
 from .data import RetrievalData, Task, load_task
-from .losses import _check_dims, _check_size
+from .losses import check_dims, check_size
 from .figures import steerability_chart
 from .plots import cka_heatmap, correlation_heatmap, spectrum_bars   # torch-free figures
 from .methods import Callback
@@ -74,8 +74,8 @@ def _pair(x, y, min_rows: int = 2, same_width: bool = False) -> tuple[torch.Tens
 
 def _prefixes(dims: Sequence[int], D: int) -> tuple[int, ...]:
     "dims strictly increasing positive integers, the last at most D."
-    dims = _check_dims(dims)
-    _check_size(dims[-1], D)
+    dims = check_dims(dims)
+    check_size(dims[-1], D)
     return dims
 
 # %% ../nbs/08_diagnostics.ipynb #18c009
@@ -359,7 +359,7 @@ def steerability_figure(acc, dims: Sequence[int], levels: Sequence[str] | None =
     "Lines of acc [V, J] (fractal.prefix_accuracy: row 0 coarse .. last fine) against the prefix sizes dims [J] (an altair chart), S, S_AUC, S_mono in the subtitle."
     m = steerability_metrics(acc)                       # checks acc: [V >= 2, J >= 2], finite
     a = np.asarray(acc, dtype=np.float64)
-    dims = list(_check_dims(dims))
+    dims = list(check_dims(dims))
     if len(dims) != a.shape[1]:
         raise ValueError(f"acc has {a.shape[1]} prefixes (columns) but dims has {len(dims)}")
     if levels is not None and len(levels) != a.shape[0]:

@@ -17,7 +17,7 @@ from torch.nn.utils.parametrizations import orthogonal
 from .data import Task, load_task
 from .diagnostics import nc1, nc1_grid, probe_indices
 from .encoder import encode_cached
-from .losses import LossOutput, _check_dims
+from .losses import LossOutput, check_dims
 from .methods import Callback, Method, TrainData, register
 
 # %% auto #0
@@ -53,7 +53,7 @@ class MatryoshkaDistill(nn.Module):
         super().__init__()
         if projection not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
-        self.dims = _check_dims(dims)
+        self.dims = check_dims(dims)
         if student_dim is not None and self.dims[-1] > student_dim:
             raise ValueError(f"dim {self.dims[-1]} exceeds the student's embedding size {student_dim}")
         if self.dims[-1] > teacher_dim:

@@ -224,6 +224,13 @@ class EncoderOutput:
 # %% ../nbs/02_encoder.ipynb #01c023
 _TOKENIZER_LOCK = threading.Lock()   # a fast tokenizer called from two threads at once fails ("Already borrowed")
 
+def _reset_tokenizer_lock() -> None:
+    "A forked child's own lock: a thread tokenising at the fork held the parent's, and nothing releases it in the child."
+    global _TOKENIZER_LOCK
+    _TOKENIZER_LOCK = threading.Lock()
+
+os.register_at_fork(after_in_child=_reset_tokenizer_lock)   # batch workers (batches.BatchesAhead) fork mid-encode
+
 def _pad(rows: list[list[int]], pad_id: int, side: str) -> torch.Tensor:
     "Pad token-id lists to one [B, T] tensor on `side` ('right' or 'left')."
     T = max(len(r) for r in rows)

@@ -19,7 +19,7 @@ from .losses import cosine_matrix
 # %% auto #0
 __all__ = ['CONDITIONS', 'prefix_dims', 'prefix_metrics', 'prefix_accuracy', 'loo_knn_accuracy', 'localisation', 'Supervision',
            'swap_levels', 'interpolated_levels', 'supervision', 'AuthorsBody', 'FractalHead', 'block_keep_mask',
-           'info_nce', 'margin_ranking', 'positive_rows', 'fractal_step', 'new_head', 'positive_levels']
+           'info_nce_rows', 'margin_ranking', 'positive_rows', 'fractal_step', 'new_head', 'positive_levels']
 
 # %% ../nbs/18_fractal.ipynb #15c006
 def prefix_dims(dim: int = 256, n_blocks: int = 4) -> list[int]:
@@ -184,7 +184,7 @@ def block_keep_mask(batch: int, keep: tuple, dim: int, generator: torch.Generato
     return kept.float().repeat_interleave(dim // len(keep), dim=1)
 
 # %% ../nbs/18_fractal.ipynb #15c025
-def info_nce(x: torch.Tensor, pos: torch.Tensor, temperature: float = 0.07) -> torch.Tensor:
+def info_nce_rows(x: torch.Tensor, pos: torch.Tensor, temperature: float = 0.07) -> torch.Tensor:
     "InfoNCE per row [B] of anchors x [B, D] against positives pos [B, D] (row i's positive is pos[i], the other rows' positives its negatives): losses.info_nce before its mean."
     logits = cosine_matrix(x, pos) / temperature
     return F.cross_entropy(logits, torch.arange(len(x), device=x.device), reduction="none")
@@ -226,7 +226,7 @@ def _branch(head: FractalHead, x: torch.Tensor, y: tuple, weights: dict, pos: di
         w = w.to(x.device)
         parts[f"{name}/L{v}/ce"] = scale * (w * F.cross_entropy(logits, y[v], reduction="none")).sum() / B
         if cfg.contrastive_weight:
-            parts[f"{name}/L{v}/infonce"] = scale * cfg.contrastive_weight * (w * info_nce(x, pos[v], cfg.temperature)).sum() / B
+            parts[f"{name}/L{v}/infonce"] = scale * cfg.contrastive_weight * (w * info_nce_rows(x, pos[v], cfg.temperature)).sum() / B
         if cfg.margin_weight:
             parts[f"{name}/L{v}/margin"] = scale * cfg.margin_weight * margin_ranking(x, y[v], cfg.margin, w)
     return parts

@@ -19,11 +19,13 @@ from .core import constant
 from .methods import Method, register
 
 # %% auto #0
-__all__ = ['OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
-           'info_nce_prefixes', 'info_nce_stacked', 'info_nce_symmetric', 'cosent', 'angle', 'in_batch_negatives',
-           'angle_objective', 'linear_ce', 'get_objective', 'MRL', 'similarity_kl', 'feature_kl', 'TwoDMSE',
-           'eigh_side_by_side', 'ese_projection', 'distill', 'ESE', 'one_size', 'BaseMethod', 'MRLMethod',
-           'TwoDMSEMethod', 'ESEMethod']
+__all__ = ['info_nce_chunked', 'info_nce_symmetric_chunked', 'cosent_prefixes', 'angle_prefixes', 'angle_objective_prefixes',
+           'OBJECTIVES', 'TWO_D_TERMS', 'ALIGNMENTS', 'LossOutput', 'read_floats', 'cosine_matrix', 'info_nce',
+           'info_nce_prefixes', 'info_nce_stacked', 'info_nce_symmetric', 'info_nce_symmetric_prefixes',
+           'info_nce_symmetric_stacked', 'cosent', 'angle', 'in_batch_negatives', 'angle_objective', 'linear_ce',
+           'batched_here', 'Objective', 'get_objective', 'as_objective', 'check_dims', 'check_size', 'MRL',
+           'similarity_kl', 'feature_kl', 'TwoDMSE', 'eigh_side_by_side', 'ese_projection', 'ese_distill', 'ESE',
+           'one_size', 'BaseMethod', 'MRLMethod', 'TwoDMSEMethod', 'ESEMethod']
 
 # %% ../nbs/07_losses.ipynb #06c005
 @dataclass
@@ -85,15 +87,17 @@ def info_nce_stacked(a, b, target=None, scale: float = 20.0) -> torch.Tensor:
     a, b = _pair_stack(a, b)
     return _nce(cosine_matrix(a, b) * scale)                                     # [n, B, B']: a_i's positive is b_i
 
-info_nce.prefixes = info_nce_prefixes   # MRL's batched form (MRL.prefix_terms off the CPU)
-info_nce.stacked = info_nce_stacked     # ESE's layers and MIPIC's PIC steps, batched (off the CPU)
-
 def info_nce_symmetric(a: torch.Tensor, b: torch.Tensor, target=None, scale: float = 20.0) -> torch.Tensor:
     "Symmetric InfoNCE / MNSRL: (a_i over every row of b, positive b_i) and (b_i, i < B, over the anchors, positive a_i), averaged. a [B, D], b [B', D], B' >= B -> scalar."
     return _nce(cosine_matrix(a, b) * scale, symmetric=True)
 
-info_nce_symmetric.prefixes = lambda a, b, dims, target=None, scale=20.0: _nce(_prefix_logits(a, b, dims, scale), True)
-info_nce_symmetric.stacked = lambda a, b, target=None, scale=20.0: _nce(cosine_matrix(*_pair_stack(a, b)) * scale, True)
+def info_nce_symmetric_prefixes(a: torch.Tensor, b: torch.Tensor, dims, target=None, scale: float = 20.0) -> torch.Tensor:
+    "info_nce_symmetric(a[:, :d], b[:, :d]) for every d in dims at once -> [len(dims)], as info_nce_prefixes."
+    return _nce(_prefix_logits(a, b, dims, scale), True)
+
+def info_nce_symmetric_stacked(a, b, target=None, scale: float = 20.0) -> torch.Tensor:
+    "info_nce_symmetric(a[i], b[i]) for every i at once -> [n], as info_nce_stacked."
+    return _nce(cosine_matrix(*_pair_stack(a, b)) * scale, True)
 
 # %% ../nbs/07_losses.ipynb #06c008b
 class _NceByRows(torch.autograd.Function):
@@ -137,8 +141,8 @@ def _info_nce_by_rows(symmetric: bool):
             return _NceByRows.apply(*unit, scale, rows, symmetric)
     return by_rows
 
-info_nce.chunked = _info_nce_by_rows(False)            # under gradient caching (make_loss with mini-batches)
-info_nce_symmetric.chunked = _info_nce_by_rows(True)
+info_nce_chunked = _info_nce_by_rows(False)            # under gradient caching (make_loss with mini-batches)
+info_nce_symmetric_chunked = _info_nce_by_rows(True)
 
 # %% ../nbs/07_losses.ipynb #06c010
 def _rank_loss(pred: torch.Tensor, score: torch.Tensor, scale: float) -> torch.Tensor:
@@ -185,9 +189,6 @@ def angle_objective(a: torch.Tensor, b: torch.Tensor, score: torch.Tensor, scale
     "AnglE as its authors train it (74e5ba2): CoSENT (scale) + in-batch negatives (scale) + the angle term (angle_scale); a, b [..., B, D] -> [...]."
     return cosent(a, b, score, scale) + in_batch_negatives(a, b, score, scale) + angle(a, b, score, angle_scale)
 
-# CoSENT and AnglE take [..., B, D] and give [...]: each is its own stacked form (ESE's layers at once, off the CPU)
-cosent.stacked, angle.stacked, angle_objective.stacked = cosent, angle, angle_objective
-
 @functools.lru_cache
 def _prefix_columns(dims: tuple, D: int) -> tuple:
     "The source column of every slot of _prefix_stack's K rows of D, flattened; D is the zero column."
@@ -210,9 +211,9 @@ def _on_prefixes(objective: Callable, even: bool) -> Callable:
         return objective(_prefix_stack(a, cols), _prefix_stack(b, cols), target, **options)
     return prefixes
 
-# and their batched prefix forms (MRL.prefix_terms off the CPU), as info_nce_prefixes is InfoNCE's
-cosent.prefixes = _on_prefixes(cosent, even=False)
-angle.prefixes, angle_objective.prefixes = _on_prefixes(angle, even=True), _on_prefixes(angle_objective, even=True)
+# their batched prefix forms (MRL's every prefix at once), as info_nce_prefixes is InfoNCE's
+cosent_prefixes = _on_prefixes(cosent, even=False)
+angle_prefixes, angle_objective_prefixes = _on_prefixes(angle, even=True), _on_prefixes(angle_objective, even=True)
 
 # %% ../nbs/07_losses.ipynb #06c013
 def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -221,30 +222,72 @@ def linear_ce(x: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias:
     return F.cross_entropy(logits if bias is None else logits + bias, labels)
 
 # %% ../nbs/07_losses.ipynb #06c016
-OBJECTIVES: dict[str, Callable] = {"infonce": info_nce, "infonce_symmetric": info_nce_symmetric, "simcse": info_nce,
-                                   "cosent": cosent, "angle": angle_objective, "angle_term": angle}
+def batched_here(x: torch.Tensor) -> bool:
+    "Whether a loss computes its slices of x's batch with the objective's batched forms: off the CPU, yes (a few kernels); on the CPU, no (the loop: every committed CPU run's numbers, in their order)."
+    return x.device.type != "cpu"
 
-def get_objective(name: str) -> Callable:
+_FORMS = ("loss", "prefixes", "stacked", "chunked")
+
+@dataclass(frozen=True)
+class Objective:
+    "A base objective and the batched forms it has (None: a loss loops over `loss`); calling it calls `loss`."
+    name: str                                   # its parts' name in a loss's output and a run's log ("L6/d64/infonce")
+    loss: Callable                              # (a [B, D], b [B', D], target) -> scalar
+    prefixes: Callable | None = None            # (a, b, dims, target) -> [len(dims)]: loss on every prefix at once
+    stacked: Callable | None = None             # (a [n, B, D] or n [B, d_i], b, target) -> [n]: n pairs at once
+    chunked: Callable | None = None             # (a, b, target, rows=) -> loss's value and gradients, rows anchors at a time
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, target=None, **options) -> torch.Tensor:
+        return self.loss(a, b, target, **options)
+
+    def at(self, **options) -> Objective:
+        "This objective with `options` (a scale) bound in every form it has."
+        return dataclasses.replace(self, **{f: functools.partial(getattr(self, f), **options)
+                                            for f in _FORMS if getattr(self, f) is not None})
+
+_INFONCE = dict(loss=info_nce, prefixes=info_nce_prefixes, stacked=info_nce_stacked, chunked=info_nce_chunked)
+OBJECTIVES: dict[str, Objective] = {
+    "infonce": Objective("infonce", **_INFONCE),
+    "infonce_symmetric": Objective("infonce_symmetric", info_nce_symmetric, info_nce_symmetric_prefixes,
+                                   info_nce_symmetric_stacked, info_nce_symmetric_chunked),
+    "simcse": Objective("simcse", **_INFONCE),       # InfoNCE between two dropout views of the same texts
+    "cosent": Objective("cosent", cosent, cosent_prefixes, stacked=cosent),
+    "angle": Objective("angle", angle_objective, angle_objective_prefixes, stacked=angle_objective),
+    "angle_term": Objective("angle_term", angle, angle_prefixes, stacked=angle)}
+
+def get_objective(name: str) -> Objective:
     "The base objective called `name` (infonce, infonce_symmetric, simcse, cosent, angle: AnglE's three terms, angle_term: its angle term alone)."
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}; choose from {', '.join(OBJECTIVES)}")
     return OBJECTIVES[name]
 
+def as_objective(objective: Objective | Callable) -> Objective:
+    "objective as an Objective: as it is; a library function (info_nce, cosent, ...) with its forms, under the function's name; any other callable (a, b, target) -> scalar with none."
+    if isinstance(objective, Objective):
+        return objective
+    if not callable(objective):
+        raise ValueError(f"objective must be a base objective (a, b, target) -> scalar, got {objective!r}")
+    name = getattr(objective, "__name__", "loss")
+    known = next((o for o in OBJECTIVES.values() if o.loss is objective), None)
+    return dataclasses.replace(known, name=name) if known else Objective(name, objective)
+
 # %% ../nbs/07_losses.ipynb #06c018
-def _check_dims(dims) -> tuple[int, ...]:
+def check_dims(dims) -> tuple[int, ...]:
+    "The prefix sizes as a tuple of ints, or a ValueError unless they are positive and strictly increasing."
     dims = tuple(int(d) for d in dims)
     if not dims or any(d < 1 for d in dims) or any(x >= y for x, y in zip(dims, dims[1:])):
         raise ValueError(f"dims must be strictly increasing positive integers, got {dims}")
     return dims
 
-def _check_size(d: int, D: int) -> None:
+def check_size(d: int, D: int) -> None:
+    "A ValueError when the prefix size d exceeds the embedding size D."
     if d > D:
         raise ValueError(f"dim {d} exceeds the embedding size {D}")
 
 @dataclass(frozen=True)
 class MRL:
     "Matryoshka loss: `objective` on each prefix dims[k] of one embedding, weighted, mean or sum over prefixes."
-    objective: Callable = info_nce                 # base objective (a, b, target) -> scalar
+    objective: Objective | Callable = info_nce     # base objective (a, b, target) -> scalar: as_objective's
     dims: tuple = (32, 64, 128, 256, 384)          # nested prefix sizes, increasing
     weights: tuple | None = None                   # c_m per dim (default all 1)
     reduction: str = "mean"                        # "mean" (mic.txt Eq. 2) or "sum" (Kusupati et al.)
@@ -252,7 +295,8 @@ class MRL:
     name: str = "mrl"
 
     def __post_init__(self):
-        object.__setattr__(self, "dims", _check_dims(self.dims))
+        object.__setattr__(self, "objective", as_objective(self.objective))
+        object.__setattr__(self, "dims", check_dims(self.dims))
         if self.weights is not None and (len(self.weights) != len(self.dims) or not all(math.isfinite(w) and w >= 0 for w in self.weights) or not sum(self.weights) > 0):
             raise ValueError(f"weights must have one entry per dim, each >= 0 with a positive sum: {len(self.dims)} dims, weights {list(self.weights)}")
         if self.reduction not in ("mean", "sum"):
@@ -262,21 +306,20 @@ class MRL:
 
     def prefix_terms(self, a: torch.Tensor, b: torch.Tensor, target=None, generator=None, tag: str = "") -> LossOutput:
         "The weighted objective over the (sampled) prefixes of a, b [B, D]."
-        _check_size(self.dims[-1], a.shape[-1])
+        check_size(self.dims[-1], a.shape[-1])
         idx = list(range(len(self.dims)))
         if self.n_dims_per_step is not None and self.n_dims_per_step < len(idx):
             pick = torch.randperm(len(idx) - 1, generator=generator)[: self.n_dims_per_step - 1].tolist()
             idx = sorted(pick) + [len(idx) - 1]
         weights = self.weights or (1.0,) * len(self.dims)
-        batched = getattr(self.objective, "prefixes", None)     # every prefix in one computation: fewer launches on a GPU
-        values = (batched(a, b, [self.dims[k] for k in idx], target).unbind()    # (the CPU keeps the loop of every
-                  if batched is not None and a.dim() == 2 and a.device.type != "cpu" else None)   # committed run, in its order)
+        batched = self.objective.prefixes if a.dim() == 2 and batched_here(a) else None    # every prefix at once
+        values = batched(a, b, [self.dims[k] for k in idx], target).unbind() if batched is not None else None
         total, parts = 0.0, {}
         for i, k in enumerate(idx):
             d = self.dims[k]
             value = values[i] if values is not None else self.objective(a[..., :d], b[..., :d], target)
             total = total + weights[k] * value
-            parts[f"{tag}d{d}/{getattr(self.objective, '__name__', 'loss')}"] = value.detach()
+            parts[f"{tag}d{d}/{self.objective.name}"] = value.detach()
         if self.reduction == "mean":
             total = total / len(idx)
         return LossOutput(total, parts)
@@ -311,7 +354,7 @@ ALIGNMENTS = {"features": (1.0, False), "similarity": (0.05, True)}   # alignmen
 @dataclass(frozen=True)
 class TwoDMSE:
     "2D Matryoshka loss (2dmse.txt Eq. 2-7): last + sampled shallow layer, full + sampled prefix, KL alignment."
-    objective: Callable = angle_objective          # the paper trains with AnglE (its authors' three terms)
+    objective: Objective | Callable = angle_objective   # the paper trains with AnglE (its authors' three terms)
     dims: tuple | None = None                      # nested prefix sizes d is drawn from (None: 8, 16, ... < D)
     lambdas: dict | None = None                    # weight per term in TWO_D_TERMS (default 1 each)
     alignment: str = "features"                    # Eq. 6: "features" (the authors' code) or "similarity" (in-batch)
@@ -320,8 +363,9 @@ class TwoDMSE:
     name: str = "2dmse"
 
     def __post_init__(self):
+        object.__setattr__(self, "objective", as_objective(self.objective))
         if self.dims is not None:
-            object.__setattr__(self, "dims", _check_dims(self.dims))
+            object.__setattr__(self, "dims", check_dims(self.dims))
         lam = dict.fromkeys(TWO_D_TERMS, 1.0)
         unknown = set(self.lambdas or {}) - set(TWO_D_TERMS)
         if unknown:
@@ -342,7 +386,7 @@ class TwoDMSE:
         "The prefix sizes d is drawn from, for full size D."
         dims = self.dims or tuple(2 ** i for i in range(3, 20) if 2 ** i < D)
         for d in dims:
-            _check_size(d, D)
+            check_size(d, D)
         return dims
 
     def align(self, a: torch.Tensor, b: torch.Tensor, layer: int, dim: int) -> torch.Tensor:
@@ -368,10 +412,10 @@ class TwoDMSE:
             raise ValueError(f"layer {layer} is out of range 1..{N}")
         if dim is None:
             dim = sizes[int(torch.randint(len(sizes), (1,), generator=generator))]
-        _check_size(dim, D)
-        lam, name = self.lambdas, getattr(self.objective, "__name__", "loss")
+        check_size(dim, D)
+        lam, name = self.lambdas, self.objective.name
         cells = {term: cell for term, cell in zip(TWO_D_TERMS, ((N, D), (layer, D), (N, dim), (layer, dim))) if lam[term]}
-        batched = getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu"
+        batched = self.objective.stacked is not None and batched_here(a)
         values = (self.stacked_terms if batched else self.looped_terms)(a, b, target, cells)
         if lam["align"]:
             values["align"] = self.align(a, b, layer, dim)
@@ -447,7 +491,7 @@ def ese_projection(x: torch.Tensor, k: int, side_by_side: bool = True) -> torch.
     U = U * torch.sign(U.gather(-2, U.abs().argmax(-2, keepdim=True)))          # fix each vector's sign: largest entry > 0
     return (x.double() @ (U * S[..., None, :])).to(x.dtype)
 
-def distill(student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0, mse_weight: float = 1.0) -> torch.Tensor:
+def ese_distill(student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0, mse_weight: float = 1.0) -> torch.Tensor:
     "The ESE authors' distillation: mse_weight * MSE + temperature * KL(softmax(target/t) || softmax(student/t)) of student, target [..., B, k] -> [...] (the KL's batch mean)."
     kl = F.kl_div(F.log_softmax(student / temperature, -1), F.softmax(target / temperature, -1), reduction="none")
     mse = F.mse_loss(student, target, reduction="none").mean((-2, -1))
@@ -456,7 +500,7 @@ def distill(student: torch.Tensor, target: torch.Tensor, temperature: float = 1.
 @dataclass(frozen=True)
 class ESE:
     "Espresso sentence embeddings: learn-to-express (full + first k dims) and learn-to-compress (PCA-like target)."
-    objective: Callable = angle_objective          # the authors train with AnglE's three terms
+    objective: Objective | Callable = angle_objective   # the authors train with AnglE's three terms
     compression_size: int = 128                    # k
     kl_temperature: float = 1.0
     compress: bool = True                          # the authors' apply_ese_pca
@@ -464,6 +508,7 @@ class ESE:
     name: str = "ese"
 
     def __post_init__(self):
+        object.__setattr__(self, "objective", as_objective(self.objective))
         if self.compression_size < 1:
             raise ValueError(f"compression_size must be at least 1, got {self.compression_size}")
         if self.kl_temperature <= 0:
@@ -473,12 +518,12 @@ class ESE:
 
     def _layer(self, x: torch.Tensor, y: torch.Tensor, target, projected, tag: str, parts: dict) -> torch.Tensor:
         "Express (and, given the layer's ESE target `projected`, compress) on one hidden state's x, y [B, D]."
-        k, name = self.compression_size, getattr(self.objective, "__name__", "loss")
+        k, name = self.compression_size, self.objective.name
         value = self.objective(x[:, :k], y[:, :k], target)
         parts[f"{tag}/d{k}/{name}"] = value.detach()
         if projected is not None:                   # every text of the batch: both views / sides, [2B, D]
             xy = torch.cat([x, y]) if self.compress_views == "both" else x
-            c = distill(xy[:, :k], projected, self.kl_temperature)
+            c = ese_distill(xy[:, :k], projected, self.kl_temperature)
             parts[f"{tag}/d{k}/compress"] = c.detach()
             value = value + c
         return value
@@ -495,13 +540,13 @@ class ESE:
         if self.compress:                              # every layer's target in one call, their decompositions side by side
             xy = torch.cat([a, b], 1) if self.compress_views == "both" else a
             targets = ese_projection(xy.index_select(0, rows), self.compression_size)    # [len(layers), rows, k]
-        batched = getattr(self.objective, "stacked", None) is not None and a.device.type != "cpu"
+        batched = self.objective.stacked is not None and batched_here(a)
         return (self.stacked_terms if batched else self.looped_terms)(a, b, target, layers, targets)
 
     def looped_terms(self, a: torch.Tensor, b: torch.Tensor, target, layers: list[int], targets) -> LossOutput:
         "The total and parts, one layer after another (the CPU's form, in the order of every committed run); targets [len(layers), rows, k] or None."
         N, D = a.shape[0] - 1, a.shape[-1]
-        name = getattr(self.objective, "__name__", "loss")
+        name = self.objective.name
         projected = dict(zip(layers, targets)) if targets is not None else {}
         parts = {}
         full = self.objective(a[N], b[N], target)
@@ -516,11 +561,11 @@ class ESE:
     def stacked_terms(self, a: torch.Tensor, b: torch.Tensor, target, layers: list[int], targets) -> LossOutput:
         "looped_terms' total and parts with every layer's express and compress terms at once (the objective's `stacked` form; a GPU's few launches, the loop's numbers to float order)."
         N, D, k = a.shape[0] - 1, a.shape[-1], self.compression_size
-        name = getattr(self.objective, "__name__", "loss")
+        name = self.objective.name
         rows = constant(layers, a.device)
         x, y = a.index_select(0, rows)[..., :k], b.index_select(0, rows)[..., :k]       # [len(layers), B, k]
         full, express = self.objective(a[N], b[N], target), self.objective.stacked(x, y, target)
-        compress = None if targets is None else distill(torch.cat([x, y], 1) if self.compress_views == "both" else x,
+        compress = None if targets is None else ese_distill(torch.cat([x, y], 1) if self.compress_views == "both" else x,
                                                         targets, self.kl_temperature)   # [len(layers)]
         parts = {f"L{N}/d{D}/{name}": full.detach()}
         for j, layer in enumerate(layers):                                               # the loop's order

@@ -201,7 +201,7 @@ _NOT_OPTIONS = ("self", "name")   # a loss class's own name is not an option
 @dataclass(frozen=True)
 class LossContext:
     "What a method builds its loss from."
-    objective: Callable          # objective(a [B, d], b [B, d], target=None) -> scalar: the config's, at its temperature
+    objective: Callable          # a losses.Objective at the config's temperature: objective(a [B, d], b [B, d], target=None) -> scalar
     dims: tuple                  # the config's nested prefix sizes, checked against hidden_size
     hidden_size: int             # D
     num_layers: int              # L (hidden states 0..L)

@@ -11,7 +11,7 @@ from torch import nn
 
 from .core import constant
 from .encoder import EncoderOutput, pool
-from .losses import MRL, LossOutput, _check_dims
+from .losses import MRL, LossOutput, check_dims
 from .methods import Method, register
 
 # %% auto #0
@@ -39,7 +39,7 @@ def _valid(valid: torch.Tensor | None, z: torch.Tensor) -> torch.Tensor:
 
 def _check_prefixes(dims, D: int, residual: bool) -> tuple[int, ...]:
     "dims strictly increasing, each at most D (below D when the residual D - d must not be empty)."
-    dims = _check_dims(dims)
+    dims = check_dims(dims)
     if residual and dims[-1] >= D:
         raise ValueError(f"prefix sizes must be below the embedding size {D} (the residual must not be empty), got {dims[-1]}")
     if dims[-1] > D:
@@ -203,7 +203,7 @@ class _AlignedStates:
                 raise ValueError(f"MIC regularises prefixes smaller than the hidden size {self.hidden_size}; "
                                  f"dims {self.dims} have none (give smaller dims or align_dims)")
             return align_dims
-        align_dims = _check_dims(align_dims)
+        align_dims = check_dims(align_dims)
         if align_dims[-1] >= self.hidden_size:
             raise ValueError(f"align_dims must be below the hidden size {self.hidden_size} (the residual must not be empty), "
                              f"got {align_dims[-1]}")

@@ -15,7 +15,7 @@ from torch import nn
 
 from .core import constant
 from .encoder import EncoderOutput
-from .losses import MRL, LossOutput, _check_dims, info_nce, info_nce_stacked
+from .losses import MRL, LossOutput, batched_here, check_dims, info_nce, info_nce_stacked
 from .methods import Method, register
 
 # %% auto #0
@@ -225,8 +225,8 @@ def pic_terms(z: Sequence[torch.Tensor], projectors: Sequence[nn.Module], tau: f
               detach_target: bool = False) -> torch.Tensor:
     "Eq. 16 for each step i: InfoNCE of phi_i(z_i) [B, d_{i+1}] against z_{i+1} [B, d_{i+1}], in-batch negatives -> [n-1]."
     pred, target = [phi(x) for phi, x in zip(projectors, z)], [x.detach() if detach_target else x for x in z[1:]]
-    if z[0].device.type != "cpu":       # every step in one product, zero-padded to the widest: a GPU's few launches
-        return info_nce_stacked(pred, target, scale=1.0 / tau)     # (the CPU keeps the loop: fewer flops, its order)
+    if batched_here(z[0]):              # every step in one product, zero-padded to the widest (07_losses' rule)
+        return info_nce_stacked(pred, target, scale=1.0 / tau)
     return torch.stack([info_nce(p, t, scale=1.0 / tau) for p, t in zip(pred, target)])
 
 # %% ../nbs/15_mipic.ipynb #11c031
@@ -341,7 +341,7 @@ class MIPIC(_SelfDistillation, nn.Module):
         super().__init__()
         if not callable(objective):
             raise ValueError(f"objective must be a base objective (a, b, target) -> scalar, got {objective!r}")
-        self.dims = _check_dims(dims)
+        self.dims = check_dims(dims)
         if num_layers < 1 or hidden_size < 1:
             raise ValueError(f"num_layers and hidden_size must be positive, got {num_layers} and {hidden_size}")
         if self.dims[-1] > hidden_size:

@@ -14,7 +14,7 @@ from .config import NEGATIVES_OBJECTIVES, TrainConfig
 from .core import parse_dims
 from .data import PairData, PositivePairs, RetrievalData, STSData, load_task
 from .encoder import Encoder, reinit_top_layers
-from .losses import get_objective
+from .losses import Objective, get_objective
 from .methods import LossContext, Method, TrainData, get_method
 
 # %% auto #0
@@ -83,16 +83,10 @@ def load_encoder(cfg: TrainConfig) -> Encoder:
 def make_loss(cfg: TrainConfig, hidden_size: int, num_layers: int, data: TrainData | None = None,
               pooling: str | None = None):
     "The loss of cfg.method over cfg.objective: its Method's build on the encoder's size, layers and pooling and the data; with mini-batches (gradient caching), the objective's row-by-row form where it has one (InfoNCE's: no [B, B'] logits at once)."
-    base = get_objective(cfg.objective)
-    scale = 1.0 / cfg.temperature
+    objective = get_objective(cfg.objective).at(scale=1.0 / cfg.temperature)      # every form at the config's scale
     rows = cfg.mini_batch_size or (cfg.mini_batch_tokens // cfg.max_length if cfg.mini_batch_tokens else None)
-    chunked = getattr(base, "chunked", None) if rows else None
-    def objective(a, b, target=None):
-        return chunked(a, b, target, scale=scale, rows=rows) if chunked else base(a, b, target, scale=scale)
-    objective.__name__ = cfg.objective
-    for form in ("prefixes", "stacked") if chunked is None else ():   # its batched forms (over prefix sizes, over stacked
-        if hasattr(base, form):                                          # pairs) at the same scale: not row by row
-            setattr(objective, form, functools.partial(getattr(base, form), scale=scale))
+    if rows and objective.chunked is not None:      # row by row, with no batched forms (they hold [B, B'] logits at once)
+        objective = Objective(objective.name, functools.partial(objective.chunked, rows=rows))
     method = get_method(cfg.method)
     ctx = LossContext(objective, parse_dims(list(cfg.dims), hidden_size), hidden_size, num_layers, pooling, data, cfg)
     return method.build(ctx, method.check_options(cfg.loss_options))

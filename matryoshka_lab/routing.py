@@ -11,6 +11,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from .core import require_faiss
 from .figures import Colours
 from .plots import titled
 
@@ -146,14 +147,6 @@ def plot_routing(summary: pd.DataFrame, series=(("v5", "adaptive"), ("mrl", "ful
                               panel("avg_dims", "average dims searched", None, "Pareto view"), data=rows), title)
 
 # %% ../nbs/20_routing.ipynb #17c020
-def _faiss():
-    "The faiss module, or an ImportError that says how to install it."
-    try:
-        import faiss
-    except ImportError as err:
-        raise ImportError("the FAISS latency benchmark needs faiss: pip install faiss-cpu") from err
-    return faiss
-
 def unit_prefix(x: np.ndarray, d: int) -> np.ndarray:
     "First d columns of x [N, D], rows scaled to unit L2 norm (zero rows stay zero): C-contiguous float32 [N, d]."
     x = np.asarray(x)
@@ -164,7 +157,7 @@ def unit_prefix(x: np.ndarray, d: int) -> np.ndarray:
 
 def build_index(x: np.ndarray, kind: str = "flat", hnsw_m: int = 32, ef_construction: int = 40, ef_search: int = 64):
     "FAISS inner-product index over the rows of x [N, d] (unit rows: inner product = cosine): 'flat' (IndexFlatIP) or 'hnsw' (IndexHNSWFlat)."
-    faiss = _faiss()
+    faiss = require_faiss("a FAISS index")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if kind == "flat":
         index = faiss.IndexFlatIP(x.shape[1])
@@ -190,7 +183,7 @@ def faiss_latency(vectors: np.ndarray, dims=(64, 128, 192, 256), n_flat: int = 1
                   n_queries: int = 1_000, k: int = 10, hnsw_m: int = 32, ef_construction: int = 40, ef_search: int = 64,
                   rounds: int = 5, threads: int = 1, noise: float = 0.05, seed: int = 0) -> pd.DataFrame:
     "Table 9: per-query latency (us, median over rounds) of Flat and HNSW inner-product search on unit d-prefixes of vectors [N, D], per d in dims."
-    faiss, v = _faiss(), np.asarray(vectors)
+    faiss, v = require_faiss("the FAISS latency benchmark"), np.asarray(vectors)
     dims = [int(d) for d in dims]
     if v.ndim != 2 or not dims or dims[0] < 1 or dims[-1] > v.shape[1] or any(b <= a for a, b in zip(dims, dims[1:])):
         raise ValueError(f"dims must be increasing prefix lengths of the [N, D] vectors, got dims {dims} for shape {v.shape}")

@@ -26,7 +26,7 @@ from .distributed import init_distributed
 from .encoder import Encoder
 from .losses import read_floats
 from .methods import BatchDraw, Callback, CancelFit, TrainData, get_method
-from .provenance import USED_FILE, data_changes, data_record, read_used, trained_on, used_record
+from .data_used import USED_FILE, data_changes, data_record, read_used, trained_on, used_record
 from .recipe import check_negatives, load_encoder, make_loss, training_data
 from .run_references import checked_eval_tasks, own_cells, run_fit_set, run_grid
 from .runs import RunLock, RunLog, check_run_files, write_atomic, write_json

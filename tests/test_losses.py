@@ -1,4 +1,6 @@
 """Matryoshka losses on a real (tiny) encoder: one forward pass feeds every prefix and layer, gradients reach the model."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,8 +70,9 @@ def test_the_batched_forms_run_off_the_cpu(monkeypatch):
             calls.append(name)
             return fn(*args, **kwargs)
         return called
-    for objective in (info_nce, cosent, losses.angle_objective):
-        monkeypatch.setattr(objective, "prefixes", spy("prefixes", objective.prefixes))
+    for name in ("simcse", "cosent", "angle"):                        # the objectives make_loss looks up by name
+        objective = losses.OBJECTIVES[name]
+        monkeypatch.setitem(losses.OBJECTIVES, name, dataclasses.replace(objective, prefixes=spy("prefixes", objective.prefixes)))
     monkeypatch.setattr(ESE, "stacked_terms", spy("stacked_terms", ESE.stacked_terms))
     monkeypatch.setattr(TwoDMSE, "stacked_terms", spy("stacked_terms", TwoDMSE.stacked_terms))
     monkeypatch.setattr(mipic, "info_nce_stacked", spy("info_nce_stacked", losses.info_nce_stacked))

@@ -48,7 +48,7 @@ LAYERS = {   # the README's picture, bottom up: a module imports only modules of
     "base": ("core", "methods", "encoder", "data", "runs"),
     "losses": ("losses",),
     "measuring": ("budget", "eval", "transforms", "adaptor", "sparse_codes", "references", "diagnostics", "stats", "plots", "figures"),
-    "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "provenance", "run_references", "trainer", "launch",
+    "training": ("config", "distributed", "checkpoint", "recipe", "views", "batches", "data_used", "run_references", "trainer", "launch",
                  "gradients"),
     "papers": ("mipic", "mic", "distill", "fractal", "fractal_runner", "routing"),
     "apps": ("tutorial", "transform_export", "cli", "st_loss", "dashboard", "run_figures", "exports", "grid_tabs", "evaluations", "explorer", "compare", "notebook_copy", "serving", "workbench", "deploy", "watch")}
@@ -60,6 +60,35 @@ def test_each_layer_imports_only_its_own_and_those_below():
     names = list(LAYERS)
     above = {m: sorted(d for d in library_imports(LIB / f"{m}.py") if rank[d] > r) for m, r in rank.items()}
     assert {m: d for m, d in above.items() if d} == {}, f"imports from a layer above: {above} ({names})"
+
+
+def private_crossings(source: str, own: str = "") -> list[str]:
+    """The `_names` a module (named `own`) takes from another library module: `from .x import _y`, or `x._y` on an imported
+    module `x`. Its own `_names`, through an import of itself (as a worker process needs), are its business."""
+    tree, crossings, modules = ast.parse(source), [], set()
+    for node in ast.walk(tree):
+        library = isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] == "matryoshka_lab")
+        if library and (node.module or "").split(".")[-1] != own:
+            crossings += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            modules.update(a.asname or a.name for a in node.names if a.name != own)   # `from . import x (as y)`: a module
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname for a in node.names if a.asname and a.name.startswith("matryoshka_lab."))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                crossings.append(f"{node.value.id}.{node.attr}")
+    return crossings
+
+
+def test_no_library_module_uses_another_modules_private_names():
+    "A helper two modules share is public (issue 70): a `_name` is its own module's business."
+    assert private_crossings("from .core import _helper, check_dims\nfrom . import encoder as enc\nenc._LOCK = 1\n"
+                             "import matryoshka_lab.runs as runs\nruns._tail()\nfrom __future__ import annotations\n"
+                             "from .eval import __all__\nself._x = 1\nfrom matryoshka_lab import me as lib\nlib._run", own="me") == [
+                                 "core._helper", "enc._LOCK", "runs._tail"]
+    found = {str(p.relative_to(LIB)): c for p in sorted(LIB.rglob("*.py")) if p.name != "_modidx.py"
+             if (c := private_crossings(p.read_text(encoding="utf-8"), p.stem))}
+    assert found == {}, f"private names used across modules: {found}"
 
 
 def imports_studies(source: str) -> bool:
