@@ -445,9 +445,9 @@ def precision_grid_table(results="results") -> str:
 def eval_grid_table(results="results") -> str:
     "results/bench/eval_grid.json: the layer x dim grid's cost against one plain forward pass and against re-encoding per cell."
     r = _result_file(results, "bench", "eval_grid.json",
-                     command="python bench/eval_grid.py --out results/bench/eval_grid.json")["result"]
+                     command="python bench/eval_grid.py --repeats 3 --out results/bench/eval_grid.json")["result"]
     rows = {f"full grid (encode every hidden state + score all {r['cells']} cells) / one plain forward pass":
-                {"measured": f"{r['grid_over_forward']:.2f}x", "goal": "<= 1.15", "met": "yes" if r["grid_over_forward"] <= 1.15 else "no"},
+                {"measured": f"{r['grid_over_forward']:.2f}x", "goal": "<= 1.05", "met": "yes" if r["grid_over_forward"] <= 1.05 else "no"},
             f"re-encoding per (layer, dim) cell / grid, on {r['naive_pairs']} STS-B pairs (largest score difference "
             f"{r['naive_vs_grid_max_abs_diff']:.2g})": {"measured": f"{r['naive_over_grid']:.0f}x"},
             "plain forward throughput (sentences/s)": {"measured": f"{r['forward_sentences_per_s']:.0f}"}}
